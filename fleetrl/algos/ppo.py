@@ -1,0 +1,389 @@
+"""PPO (clipped surrogate, GAE), discrete and continuous actions, read top to bottom as CleanRL's ppo.py.
+
+Order: arguments, networks, setup, rollout, advantage, update, logging. The engine (vector envs,
+rollout buffer, normalisation, checkpoints, monitoring) is called in a few lines each.
+
+Differences from CleanRL, each on purpose:
+* time-limit truncation bootstraps from the value of the final observation;
+* episode statistics come from the env layer, so Atari reports the unclipped full-game score;
+* observation/reward normalisation statistics live here (one set for all envs) and are checkpointed;
+* checkpoints are atomic and a run resumes exactly where it stopped (``--resume``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from fleetrl import checkpoint, config, runtime
+from fleetrl.envs import env_family, episode_stats, make_vector_env
+from fleetrl.errors import FleetError, NonFiniteLossError
+from fleetrl.monitor import Logger, Progress
+from fleetrl.nets import (
+    NatureCNN,
+    categorical_logprob_entropy,
+    categorical_sample,
+    explained_variance,
+    gaussian_logprob_entropy,
+    gaussian_sample,
+    layer_init,
+    mlp,
+)
+from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
+from fleetrl.sampling.rollout import RolloutBuffer
+
+
+# ============================================================================ arguments
+@dataclass
+class Args:
+    exp_name: str = "ppo"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+
+    # Algorithm specific arguments; None means "the default for the env family" (see FAMILY_DEFAULTS)
+    env_id: str = "CartPole-v1"
+    """the id of the environment (`module.path:EnvId-v0` imports your module first)"""
+    total_timesteps: int | None = None
+    """total timesteps of the experiments [500k classic control, 10M Atari, 1M MuJoCo]"""
+    learning_rate: float | None = None
+    """the learning rate of the optimizer [2.5e-4; MuJoCo 3e-4]"""
+    num_envs: int | None = None
+    """the number of parallel game environments [4; Atari 8; MuJoCo 1]"""
+    num_steps: int | None = None
+    """the number of steps to run in each environment per policy rollout [128; MuJoCo 2048]"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int | None = None
+    """the number of mini-batches [4; MuJoCo 32]"""
+    update_epochs: int | None = None
+    """the K epochs to update the policy [4; MuJoCo 10]"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float | None = None
+    """the surrogate clipping coefficient [0.2; Atari 0.1]"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float | None = None
+    """coefficient of the entropy [0.01; MuJoCo 0.0]"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold"""
+
+    # fleetrl: engine settings
+    env_backend: str = "sync"
+    """vector backend: sync (in-process)"""
+    sticky_actions: float | None = None
+    """Atari sticky-action probability [0 for NoFrameskip-v4 ids, 0.25 for ALE/...-v5]"""
+    run_dir: str | None = None
+    """where logs and checkpoints go [runs/{env_id}__{exp_name}__{seed}__{timestamp}]"""
+    checkpoint_every: int = 50
+    """write a checkpoint every this many iterations (and always at the end)"""
+    keep_checkpoints: int = 3
+    """how many of the newest checkpoints to keep"""
+    resume: str | None = None
+    """a checkpoint file or run folder to continue from; `auto` resumes the newest checkpoint in --run-dir if there is one"""
+    torch_threads: int | None = None
+    """torch CPU threads for this process [cores / processes on this machine]"""
+    progress: bool = True
+    """show the progress display (a live bar on a terminal, plain lines otherwise)"""
+
+
+FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.py
+    "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
+    "atari": dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01),
+    "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0),
+}
+
+
+def validate(args: Args) -> None:
+    """Refuse a configuration that cannot run, before anything starts."""
+    config.check_positive(num_envs=args.num_envs, num_steps=args.num_steps, num_minibatches=args.num_minibatches,
+                          update_epochs=args.update_epochs, total_timesteps=args.total_timesteps, learning_rate=args.learning_rate,
+                          checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        raise FleetError(
+            f"The batch of --num-envs {args.num_envs} x --num-steps {args.num_steps} = {batch_size} samples does not split "
+            f"into --num-minibatches {args.num_minibatches}. Choose --num-minibatches that divides {batch_size}, "
+            f"or change --num-envs/--num-steps."
+        )
+    if args.total_timesteps < batch_size:
+        raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size}); raise it.")
+    if args.resume == "auto" and args.run_dir is None:
+        raise FleetError("--resume auto needs --run-dir: it resumes the newest checkpoint in that folder, or starts fresh there.")
+
+
+# ============================================================================ networks
+class Agent(nn.Module):
+    """Actor-critic. Vector observations: separate 64-64 tanh MLPs for actor and critic.
+    Images (Atari): a shared Nature CNN. Continuous actions: a Gaussian with a state-independent log-std."""
+
+    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space):
+        super().__init__()
+        self.continuous = isinstance(action_space, gym.spaces.Box)
+        num_outputs = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
+        if len(obs_shape) == 3:
+            self.trunk: nn.Module = NatureCNN(obs_shape[0])
+            self.actor = layer_init(nn.Linear(NatureCNN.out_dim, num_outputs), std=0.01)
+            self.critic = layer_init(nn.Linear(NatureCNN.out_dim, 1), std=1.0)
+        else:
+            self.trunk = nn.Identity()
+            self.actor = mlp(int(np.prod(obs_shape)), num_outputs, out_std=0.01)
+            self.critic = mlp(int(np.prod(obs_shape)), 1, out_std=1.0)
+        if self.continuous:
+            self.actor_logstd = nn.Parameter(torch.zeros(1, num_outputs))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actor output (logits or Gaussian mean) and value."""
+        hidden = self.trunk(x)
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.trunk(x)).squeeze(-1)
+
+    def act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rollout: sample an action; return it with its log-probability and the value."""
+        out, value = self(x)
+        action, logprob = gaussian_sample(out, self.actor_logstd) if self.continuous else categorical_sample(out)
+        return action, logprob, value
+
+    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Update: log-probability and entropy of the taken actions, and the value."""
+        out, value = self(x)
+        if self.continuous:
+            logprob, entropy = gaussian_logprob_entropy(out, self.actor_logstd, action)
+        else:
+            logprob, entropy = categorical_logprob_entropy(out, action)
+        return logprob, entropy, value
+
+    def deterministic_action(self, x: torch.Tensor) -> torch.Tensor:
+        """Evaluation: the Gaussian mean, or the most likely discrete action."""
+        out, _ = self(x)
+        return out if self.continuous else out.argmax(-1)
+
+
+# ============================================================================ training
+def train(args: Args, explicit: set[str] | None = None) -> str:
+    """Train PPO; return the run folder. ``explicit``: the flags given on the command line."""
+    explicit = config.fields_differing_from_default(args) if explicit is None else explicit
+
+    # --- resume: a run continues with its saved arguments, except the flags given again ---
+    resumed = None
+    if args.resume == "auto" and args.run_dir and checkpoint.list_checkpoints(args.run_dir):
+        resumed = checkpoint.load_checkpoint(args.run_dir)
+    elif args.resume not in (None, "auto"):
+        resumed = checkpoint.load_checkpoint(args.resume)
+    if resumed is not None:
+        args = config.merge_resumed_args(args, resumed["args"], explicit | {"resume"})
+        if "run_dir" not in explicit:
+            args.run_dir = resumed["args"]["run_dir"]
+    family = env_family(args.env_id)
+    args = config.apply_family_defaults(args, FAMILY_DEFAULTS, family.name)
+    validate(args)
+    args.run_dir = args.run_dir or config.default_run_dir(args.env_id, args.exp_name, args.seed)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+
+    runtime.seed_everything(args.seed, args.torch_deterministic)
+    runtime.set_torch_threads(args.torch_threads)
+    device = runtime.pick_device(args.cuda, warn="cuda" in explicit)
+
+    envs = make_vector_env(args.env_id, args.num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=family)
+    obs_shape = envs.single_observation_space.shape
+    agent = Agent(obs_shape, envs.single_action_space).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # continuous control normalises observations and rewards in the trainer, one set of statistics for all envs
+    obs_norm = ObsNormalizer(obs_shape) if family.continuous else None
+    reward_norm = RewardNormalizer(args.num_envs, args.gamma) if family.continuous else None
+    if family.continuous:
+        action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+
+    global_step, start_iteration = 0, 0
+    if resumed is not None:
+        agent.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        if obs_norm is not None:
+            obs_norm.rms.load_state_dict(resumed["obs_rms"])
+            reward_norm.rms.load_state_dict(resumed["reward_rms"])
+        checkpoint.set_rng_state(resumed["rng"])
+        global_step, start_iteration = int(resumed["global_step"]), int(resumed["iteration"])
+
+    def save() -> str:
+        state = {"args": asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                 "global_step": global_step, "iteration": iteration, "rng": checkpoint.rng_state(), "algo": "ppo", "family": family.name}
+        if obs_norm is not None:
+            state["obs_rms"], state["reward_rms"] = obs_norm.rms.state_dict(), reward_norm.rms.state_dict()
+        return str(checkpoint.save_checkpoint(state, args.run_dir, args.keep_checkpoints))
+
+    logger = Logger(args.run_dir, purge_step=global_step if resumed else None)
+    logger.hparams(args)
+    print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps; logs in {args.run_dir}", flush=True)
+    progress = Progress(num_iterations * batch_size, global_step, enabled=args.progress)
+
+    buffer = RolloutBuffer(args.num_steps, args.num_envs, obs_shape, envs.single_observation_space.dtype,
+                           envs.single_action_space.shape, envs.single_action_space.dtype)
+    next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts new episodes, seeded apart
+    if obs_norm is not None:
+        next_obs = obs_norm(next_obs)
+    start_time, start_step = time.perf_counter(), global_step
+    iteration = start_iteration
+    last_checkpoint = None
+
+    try:
+        for iteration in range(start_iteration + 1, num_iterations + 1):
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ---------------------------------------------------------------- rollout
+            agent.eval()
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                buffer.obs[step] = next_obs
+                with torch.inference_mode():
+                    action, logprob, value = agent.act(torch.as_tensor(next_obs, device=device))
+                action = action.cpu().numpy()
+                buffer.actions[step], buffer.logprobs[step], buffer.values[step] = action, logprob.cpu().numpy(), value.cpu().numpy()
+                env_action = np.clip(action, action_low, action_high) if family.continuous else action
+
+                next_obs, reward, terminated, truncated, info = envs.step(env_action)
+                done = terminated | truncated
+                if reward_norm is not None:
+                    reward = reward_norm(reward, done)
+                    next_obs = obs_norm(next_obs)
+                buffer.rewards[step], buffer.terminated[step], buffer.dones[step] = reward, terminated, done
+                buffer.final_values[step] = 0.0
+                if truncated.any():  # bootstrap a time limit from the value of the final observation
+                    final_obs = info["final_obs"][truncated]
+                    if obs_norm is not None:
+                        final_obs = obs_norm.normalize(final_obs)
+                    with torch.inference_mode():
+                        buffer.final_values[step, truncated] = agent.get_value(torch.as_tensor(final_obs, device=device)).cpu().numpy()
+                logger.episodes_finished(episode_stats(info), global_step)
+
+            # ---------------------------------------------------------------- advantage
+            with torch.inference_mode():
+                last_values = agent.get_value(torch.as_tensor(next_obs, device=device)).cpu().numpy()
+            buffer.compute_advantages(last_values, args.gamma, args.gae_lambda)
+
+            # ---------------------------------------------------------------- update
+            agent.train()
+            batch = {k: v.to(device) for k, v in buffer.flat().items()}
+            clipfracs, approx_kl = [], torch.zeros(())
+            for epoch in range(args.update_epochs):
+                b_inds = torch.randperm(batch_size, device=device)
+                for start in range(0, batch_size, minibatch_size):
+                    mb = b_inds[start : start + minibatch_size]
+                    newlogprob, entropy, newvalue = agent.evaluate(batch["obs"][mb], batch["actions"][mb])
+                    logratio = newlogprob - batch["logprobs"][mb]
+                    ratio = logratio.exp()
+
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+
+                    mb_advantages = batch["advantages"][mb]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - batch["returns"][mb]) ** 2
+                        v_clipped = batch["values"][mb] + torch.clamp(newvalue - batch["values"][mb], -args.clip_coef, args.clip_coef)
+                        v_loss_clipped = (v_clipped - batch["returns"][mb]) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - batch["returns"][mb]) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                    if not torch.isfinite(loss):
+                        raise NonFiniteLossError(
+                            f"The loss became non-finite ({loss.item()}) at iteration {iteration} (global step {global_step}); "
+                            f"the run stopped without saving. The last good checkpoint is {last_checkpoint or 'none (none was written yet)'}. "
+                            f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
+                        )
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
+
+            # ---------------------------------------------------------------- logging
+            sps = (global_step - start_step) / (time.perf_counter() - start_time)
+            logger.scalars({
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "losses/value_loss": v_loss.item(),
+                "losses/policy_loss": pg_loss.item(),
+                "losses/entropy": entropy_loss.item(),
+                "losses/old_approx_kl": old_approx_kl.item(),
+                "losses/approx_kl": approx_kl.item(),
+                "losses/clipfrac": torch.stack(clipfracs).mean().item(),
+                "losses/explained_variance": explained_variance(buffer.values.ravel(), buffer.returns.ravel()),
+                "charts/SPS": sps,
+            }, global_step)
+            progress.update(global_step, sps, logger.mean_recent_return)
+            if iteration % args.checkpoint_every == 0 or iteration == num_iterations:
+                last_checkpoint = save()
+    finally:
+        progress.close()
+        logger.close()
+        envs.close()
+
+    print(f"done: {global_step:,} steps. TensorBoard logs: {args.run_dir}  (tensorboard --logdir {args.run_dir})", flush=True)
+    print(f"checkpoint: {last_checkpoint or checkpoint.resolve_checkpoint(args.run_dir)}", flush=True)
+    return args.run_dir
+
+
+# ============================================================================ evaluation
+def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
+    """The trained policy as ``obs -> action``, with the saved normalisation statistics frozen."""
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space)
+    agent.load_state_dict(state["model"])
+    agent.eval()
+    obs_norm = None
+    if "obs_rms" in state:
+        obs_norm = ObsNormalizer(envs.single_observation_space.shape)
+        obs_norm.rms.load_state_dict(state["obs_rms"])
+        obs_norm.frozen = True
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        if obs_norm is not None:
+            obs = obs_norm.normalize(obs)
+        with torch.inference_mode():
+            x = torch.as_tensor(obs)
+            action = agent.deterministic_action(x) if deterministic else agent.act(x)[0]
+        action = action.numpy()
+        if agent.continuous:
+            action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
+        return action
+
+    return policy

@@ -1,0 +1,62 @@
+"""`fleetrl <command>`: train, eval.
+
+    fleetrl train ppo --env-id CartPole-v1
+    fleetrl eval runs/CartPole-v1__ppo__1__1700000000 --episodes 10
+
+Bad input ends in one clear paragraph and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import tyro
+
+from fleetrl.algos import ALGOS
+from fleetrl.errors import FleetError
+
+USAGE = """usage: fleetrl <command> [flags]
+
+commands:
+  train ALGO [flags]   train an algorithm (ALGO: {algos}); `fleetrl train ppo --help` lists its flags
+  eval CHECKPOINT      evaluate a checkpoint or run folder; `fleetrl eval --help`
+"""
+
+
+def _train(argv: list[str]) -> None:
+    if not argv or argv[0] not in ALGOS:
+        given = argv[0] if argv else "nothing"
+        raise FleetError(f"`fleetrl train` needs an algorithm, one of: {', '.join(ALGOS)} (got {given}). Example: fleetrl train ppo --env-id CartPole-v1")
+    from fleetrl import config
+
+    algo = importlib.import_module(f"fleetrl.algos.{argv[0]}")
+    args = tyro.cli(algo.Args, args=argv[1:], prog=f"fleetrl train {argv[0]}")
+    algo.train(args, explicit=config.explicit_fields(argv[1:], algo.Args))
+
+
+def _eval(argv: list[str]) -> None:
+    from fleetrl.evaluate import EvalArgs, evaluate
+
+    evaluate(tyro.cli(EvalArgs, args=argv, prog="fleetrl eval"))
+
+
+COMMANDS = {"train": _train, "eval": _eval}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE.format(algos=", ".join(ALGOS)))
+        sys.exit(0 if argv else 2)
+    command = COMMANDS.get(argv[0])
+    try:
+        if command is None:
+            raise FleetError(f"Unknown command {argv[0]!r}. Commands: {', '.join(COMMANDS)}. Run `fleetrl --help`.")
+        command(argv[1:])
+    except FleetError as exc:
+        print(f"fleetrl: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("fleetrl: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,106 @@
+"""The one place that maps an env id to its family and its construction.
+
+Families: ``classic`` (discrete actions, vector observations: CartPole, Acrobot, ...),
+``atari`` (ALE ids, both ``BreakoutNoFrameskip-v4`` and ``ALE/Breakout-v5``) and ``mujoco``
+(continuous actions: HalfCheetah-v5, InvertedPendulum-v5, Pendulum-v1, ...). A custom env is
+named ``module.path:EnvId-v0``: fleetrl imports the module (which registers the id), then makes it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+
+import gymnasium as gym
+
+from fleetrl.envs import atari
+from fleetrl.envs.wrappers import EpisodeStats
+from fleetrl.errors import FleetError, require
+
+
+def split_custom_id(env_id: str) -> tuple[str | None, str]:
+    """`mypkg.envs:MyEnv-v0` -> ("mypkg.envs", "MyEnv-v0"); a plain id -> (None, id)."""
+    if ":" in env_id:
+        module, _, name = env_id.partition(":")
+        return module, name
+    return None, env_id
+
+
+def import_env_module(env_id: str) -> str:
+    """Import the module a custom id names (it registers the env) and return the bare gymnasium id."""
+    module, name = split_custom_id(env_id)
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise FleetError(
+                f"--env-id {env_id!r} asks fleetrl to import the module {module!r}, which failed: {exc}. "
+                f"Make the module importable (install its package, or add its folder to PYTHONPATH)."
+            ) from None
+    return name
+
+
+def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The gymnasium spec of an id, or a clear error naming the closest registered ids."""
+    name = import_env_module(env_id)
+    if atari.is_atari_id(name):
+        atari.register_ale()
+    try:
+        return gym.spec(name)
+    except gym.error.Error:
+        close = difflib.get_close_matches(name, list(gym.registry.keys()), n=5, cutoff=0.5)
+        hint = f" The closest registered ids are: {', '.join(close)}." if close else ""
+        raise FleetError(
+            f"Unknown --env-id {env_id!r}: gymnasium has no environment registered under {name!r}.{hint} "
+            f"For Atari install the 'atari' extra; for your own env pass 'your.module:YourEnv-v0'."
+        ) from None
+
+
+@dataclass(frozen=True)
+class EnvFamily:
+    name: str  # "classic" | "atari" | "mujoco"
+    continuous: bool
+
+
+def env_family(env_id: str) -> EnvFamily:
+    name = import_env_module(env_id)
+    if atari.is_atari_id(name):
+        env_spec(env_id)  # registers ALE, or says which extra is missing
+        return EnvFamily("atari", continuous=False)
+    spec = env_spec(env_id)
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else ""
+    if "mujoco" in entry:
+        require("mujoco", "mujoco", f"The MuJoCo environment {env_id!r}")
+        return EnvFamily("mujoco", continuous=True)
+    probe = gym.make(name)
+    try:
+        continuous = isinstance(probe.action_space, gym.spaces.Box)
+        if not continuous and not isinstance(probe.action_space, gym.spaces.Discrete):
+            raise FleetError(
+                f"--env-id {env_id!r} has action space {probe.action_space}; fleetrl's PPO supports Discrete and Box actions."
+            )
+    finally:
+        probe.close()
+    # continuous-control envs outside MuJoCo (Pendulum, ...) take the MuJoCo defaults, as in CleanRL
+    return EnvFamily("mujoco" if continuous else "classic", continuous)
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """A picklable recipe for one env of a vector (it can travel to a worker process)."""
+
+    env_id: str
+    family: str
+    training: bool = True
+    sticky_actions: float | None = None
+    render_mode: str | None = None
+
+    def __call__(self) -> gym.Env:
+        name = import_env_module(self.env_id)
+        if self.family == "atari":
+            return atari.make_atari(name, self.training, self.sticky_actions, self.render_mode)
+        env = EpisodeStats(gym.make(name, render_mode=self.render_mode))
+        if len(env.observation_space.shape) != 1:  # dict or image observations of a vector env
+            env = gym.wrappers.FlattenObservation(env)
+        return env

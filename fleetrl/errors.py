@@ -1,0 +1,38 @@
+"""User-facing errors: the CLI prints them as one paragraph and exits non-zero, without a traceback."""
+
+from __future__ import annotations
+
+import importlib
+
+
+class FleetError(Exception):
+    """Bad input or a failed run the user can fix; the message says what to change or run."""
+
+    exit_code = 2
+
+
+class NonFiniteLossError(FleetError):
+    """Training produced NaN/inf; the last good checkpoint is kept."""
+
+    exit_code = 3
+
+
+# extra name -> the pip packages it installs (kept in step with pyproject.toml)
+EXTRAS = {
+    "atari": "ale-py opencv-python-headless",
+    "mujoco": "mujoco imageio",
+    "envpool": "envpool",
+    "tune": "optuna",
+    "track": "wandb",
+}
+
+
+def require(module: str, extra: str, what: str):
+    """Import an optional dependency, or fail with the exact `pip install` that provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise FleetError(
+            f"{what} needs the '{extra}' extra, which is not installed ({exc}). "
+            f"Install it with: pip install 'fleetrl[{extra}]'  (or: pip install {EXTRAS[extra]})"
+        ) from None

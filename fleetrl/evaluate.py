@@ -1,0 +1,71 @@
+"""`fleetrl eval`: run a trained checkpoint for N episodes and report the mean and std of the return."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+
+from fleetrl import checkpoint, runtime
+from fleetrl.envs import episode_stats, make_vector_env
+from fleetrl.errors import FleetError
+
+
+@dataclass
+class EvalArgs:
+    checkpoint: str
+    """a checkpoint file, or a run folder (its newest checkpoint is used)"""
+    episodes: int = 10
+    """how many episodes to run"""
+    stochastic: bool = False
+    """sample actions instead of taking the deterministic one (argmax, or the Gaussian mean)"""
+    seed: int = 12345
+    """seed of the evaluation episodes"""
+    env_backend: str = "sync"
+    """vector backend for the evaluation env"""
+    json: bool = False
+    """print the result as JSON"""
+
+
+def evaluate(args: EvalArgs) -> dict:
+    if args.episodes <= 0:
+        raise FleetError(f"--episodes must be positive, got {args.episodes}.")
+    state = checkpoint.load_checkpoint(args.checkpoint)
+    train_args = state["args"]
+    runtime.seed_everything(args.seed, True)
+    runtime.set_torch_threads(None)
+    algo = importlib.import_module(f"fleetrl.algos.{state.get('algo', 'ppo')}")
+    # one env, without the training-only wrappers (episodic life, reward clipping)
+    envs = make_vector_env(train_args["env_id"], 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"))
+    policy = algo.policy_from_checkpoint(state, envs, deterministic=not args.stochastic)
+    returns, lengths = [], []
+    obs, _ = envs.reset(seed=args.seed)
+    try:
+        while len(returns) < args.episodes:
+            obs, _, _, _, info = envs.step(policy(obs))
+            for episode_return, length in episode_stats(info):
+                returns.append(episode_return)
+                lengths.append(length)
+    finally:
+        envs.close()
+    result = {
+        "checkpoint": str(checkpoint.resolve_checkpoint(args.checkpoint)),
+        "env_id": train_args["env_id"],
+        "global_step": int(state["global_step"]),
+        "episodes": len(returns),
+        "mean_return": float(np.mean(returns)),
+        "std_return": float(np.std(returns)),
+        "mean_length": float(np.mean(lengths)),
+        "returns": returns,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['env_id']} @ step {result['global_step']:,}: return {result['mean_return']:.2f} ± {result['std_return']:.2f} "
+              f"over {result['episodes']} episodes (mean length {result['mean_length']:.1f})")
+    return result
+
+

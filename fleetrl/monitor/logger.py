@@ -1,0 +1,55 @@
+"""TensorBoard logging under CleanRL's scalar names, plus the recent-episode window the display shows."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, is_dataclass
+from typing import Any, Iterable
+
+from torch.utils.tensorboard import SummaryWriter
+
+RECENT_EPISODES = 20
+
+
+class Logger:
+    """Writes scalars to TensorBoard (rank 0 only; other ranks pass ``enabled=False``).
+
+    ``purge_step`` is the step a resumed run continues from: TensorBoard drops anything an
+    interrupted run wrote after it, so curves never hold duplicated steps.
+    """
+
+    def __init__(self, run_dir: str, enabled: bool = True, purge_step: int | None = None):
+        self.writer = SummaryWriter(run_dir, purge_step=purge_step) if enabled else None
+        self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
+        self.episodes = 0
+
+    def hparams(self, args: Any) -> None:
+        """The hyperparameters as a markdown table, as CleanRL logs them."""
+        values = asdict(args) if is_dataclass(args) else dict(args)
+        table = "\n".join(f"|{k}|{v}|" for k, v in values.items())
+        if self.writer:
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+
+    def scalar(self, name: str, value: float, step: int) -> None:
+        if self.writer:
+            self.writer.add_scalar(name, value, step)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for name, value in values.items():
+            self.scalar(name, value, step)
+
+    def episodes_finished(self, stats: Iterable[tuple[float, int]], step: int) -> None:
+        """``charts/episodic_return`` and ``charts/episodic_length`` for each finished episode."""
+        for episode_return, length in stats:
+            self.episodes += 1
+            self.recent_returns.append(episode_return)
+            self.scalar("charts/episodic_return", episode_return, step)
+            self.scalar("charts/episodic_length", length, step)
+
+    @property
+    def mean_recent_return(self) -> float | None:
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    def close(self) -> None:
+        if self.writer:
+            self.writer.close()

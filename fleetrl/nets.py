@@ -1,0 +1,96 @@
+"""Network pieces and lean action distributions shared by the algorithms.
+
+The distribution helpers replace ``torch.distributions`` on the hot path: building a
+``Categorical`` or ``Normal`` object every step costs more than the tiny networks it wraps.
+They compute the same quantities (checked against torch.distributions in the tests).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain ``std`` and constant bias, as in CleanRL."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim: int, out_dim: int, out_std: float, hidden: tuple[int, ...] = (64, 64)) -> nn.Sequential:
+    """Tanh MLP with CleanRL's initialisation: √2 gain inside, ``out_std`` on the last layer."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [layer_init(nn.Linear(in_dim, width)), nn.Tanh()]
+        in_dim = width
+    layers.append(layer_init(nn.Linear(in_dim, out_dim), std=out_std))
+    return nn.Sequential(*layers)
+
+
+class NatureCNN(nn.Module):
+    """The DQN Nature CNN over stacked uint8 frames, ending in 512 ReLU features."""
+
+    out_dim = 512
+
+    def __init__(self, in_channels: int, size: int = 84):
+        super().__init__()
+        convs = nn.Sequential(
+            layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = convs(torch.zeros(1, in_channels, size, size)).shape[1]
+        self.net = nn.Sequential(convs, layer_init(nn.Linear(flat, self.out_dim)), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.float() / 255.0)
+
+
+# --- categorical (discrete actions) ---------------------------------------------------------
+
+
+def categorical_sample(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample actions by the Gumbel-max trick; return them with their log-probabilities."""
+    log_probs = logits.log_softmax(-1)
+    gumbel = -torch.empty_like(logits).exponential_().log()
+    action = (log_probs + gumbel).argmax(-1)
+    return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_logprob_entropy(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    log_probs = logits.log_softmax(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy
+
+
+# --- diagonal Gaussian (continuous actions) -------------------------------------------------
+
+
+def gaussian_sample(mean: torch.Tensor, logstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    noise = torch.randn_like(mean)
+    action = mean + logstd.exp() * noise
+    logprob = (-0.5 * noise.square() - logstd - LOG_SQRT_2PI).sum(-1)
+    return action, logprob
+
+
+def gaussian_logprob_entropy(mean: torch.Tensor, logstd: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logstd = logstd.expand_as(mean)
+    logprob = (-0.5 * ((action - mean) / logstd.exp()).square() - logstd - LOG_SQRT_2PI).sum(-1)
+    entropy = (0.5 + LOG_SQRT_2PI + logstd).sum(-1)
+    return logprob, entropy
+
+
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
+    var_y = np.var(returns)
+    return float("nan") if var_y == 0 else float(1 - np.var(returns - values) / var_y)

@@ -1,0 +1,1 @@
+"""Sampling layer: the rollout buffer the sampler fills, advantage estimation, running normalisation."""
