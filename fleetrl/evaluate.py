@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-
+import tyro
 
 from fleetrl import checkpoint, runtime
 from fleetrl.envs import episode_stats, make_vector_env
@@ -16,7 +16,7 @@ from fleetrl.errors import FleetError
 
 @dataclass
 class EvalArgs:
-    checkpoint: str
+    checkpoint: tyro.conf.Positional[str]
     """a checkpoint file, or a run folder (its newest checkpoint is used)"""
     episodes: int = 10
     """how many episodes to run"""

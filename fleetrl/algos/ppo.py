@@ -23,7 +23,7 @@ from torch import nn
 from fleetrl import checkpoint, config, runtime
 from fleetrl.envs import env_family, episode_stats, make_vector_env
 from fleetrl.errors import FleetError, NonFiniteLossError
-from fleetrl.monitor import Logger, Progress
+from fleetrl.monitor import Logger, PhaseTimer, Progress, TrainResult
 from fleetrl.nets import (
     NatureCNN,
     categorical_logprob_entropy,
@@ -35,6 +35,7 @@ from fleetrl.nets import (
     mlp,
 )
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
+from fleetrl.sampling.acting import make_actor
 from fleetrl.sampling.rollout import RolloutBuffer
 
 
@@ -180,8 +181,8 @@ class Agent(nn.Module):
 
 
 # ============================================================================ training
-def train(args: Args, explicit: set[str] | None = None) -> str:
-    """Train PPO; return the run folder. ``explicit``: the flags given on the command line."""
+def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
+    """Train PPO. ``explicit``: the flags given on the command line (they win over a resumed run's)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
 
     # --- resume: a run continues with its saved arguments, except the flags given again ---
@@ -209,7 +210,8 @@ def train(args: Args, explicit: set[str] | None = None) -> str:
     envs = make_vector_env(args.env_id, args.num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=family)
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape, envs.single_action_space).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
+    actor = make_actor(agent, device, seed=args.seed)  # the engine's fastest exact acting path for this network
     # continuous control normalises observations and rewards in the trainer, one set of statistics for all envs
     obs_norm = ObsNormalizer(obs_shape) if family.continuous else None
     reward_norm = RewardNormalizer(args.num_envs, args.gamma) if family.continuous else None
@@ -224,11 +226,12 @@ def train(args: Args, explicit: set[str] | None = None) -> str:
             obs_norm.rms.load_state_dict(resumed["obs_rms"])
             reward_norm.rms.load_state_dict(resumed["reward_rms"])
         checkpoint.set_rng_state(resumed["rng"])
+        actor.load_state_dict(resumed["actor"])
         global_step, start_iteration = int(resumed["global_step"]), int(resumed["iteration"])
 
     def save() -> str:
         state = {"args": asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                 "global_step": global_step, "iteration": iteration, "rng": checkpoint.rng_state(), "algo": "ppo", "family": family.name}
+                 "global_step": global_step, "iteration": iteration, "rng": checkpoint.rng_state(), "actor": actor.state_dict(), "algo": "ppo", "family": family.name}
         if obs_norm is not None:
             state["obs_rms"], state["reward_rms"] = obs_norm.rms.state_dict(), reward_norm.rms.state_dict()
         return str(checkpoint.save_checkpoint(state, args.run_dir, args.keep_checkpoints))
@@ -246,6 +249,8 @@ def train(args: Args, explicit: set[str] | None = None) -> str:
     start_time, start_step = time.perf_counter(), global_step
     iteration = start_iteration
     last_checkpoint = None
+    timer = PhaseTimer()
+    result = TrainResult(args.run_dir)
 
     try:
         for iteration in range(start_iteration + 1, num_iterations + 1):
@@ -258,13 +263,13 @@ def train(args: Args, explicit: set[str] | None = None) -> str:
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 buffer.obs[step] = next_obs
-                with torch.inference_mode():
-                    action, logprob, value = agent.act(torch.as_tensor(next_obs, device=device))
-                action = action.cpu().numpy()
-                buffer.actions[step], buffer.logprobs[step], buffer.values[step] = action, logprob.cpu().numpy(), value.cpu().numpy()
+                with timer.inference:
+                    action, logprob, value = actor.act(next_obs)
+                    buffer.actions[step], buffer.logprobs[step], buffer.values[step] = action, logprob, value
                 env_action = np.clip(action, action_low, action_high) if family.continuous else action
 
-                next_obs, reward, terminated, truncated, info = envs.step(env_action)
+                with timer.env:
+                    next_obs, reward, terminated, truncated, info = envs.step(env_action)
                 done = terminated | truncated
                 if reward_norm is not None:
                     reward = reward_norm(reward, done)
@@ -275,70 +280,77 @@ def train(args: Args, explicit: set[str] | None = None) -> str:
                     final_obs = info["final_obs"][truncated]
                     if obs_norm is not None:
                         final_obs = obs_norm.normalize(final_obs)
-                    with torch.inference_mode():
-                        buffer.final_values[step, truncated] = agent.get_value(torch.as_tensor(final_obs, device=device)).cpu().numpy()
-                logger.episodes_finished(episode_stats(info), global_step)
+                    with timer.inference:
+                        buffer.final_values[step, truncated] = actor.value(final_obs)
+                finished = episode_stats(info)
+                if finished:
+                    logger.episodes_finished(finished, global_step)
+                    result.episode_returns += [r for r, _ in finished]
 
             # ---------------------------------------------------------------- advantage
-            with torch.inference_mode():
-                last_values = agent.get_value(torch.as_tensor(next_obs, device=device)).cpu().numpy()
-            buffer.compute_advantages(last_values, args.gamma, args.gae_lambda)
+            with timer.learn:
+                last_values = actor.value(next_obs)
+                buffer.compute_advantages(last_values, args.gamma, args.gae_lambda)
 
             # ---------------------------------------------------------------- update
-            agent.train()
-            batch = {k: v.to(device) for k, v in buffer.flat().items()}
-            clipfracs, approx_kl = [], torch.zeros(())
-            for epoch in range(args.update_epochs):
-                b_inds = torch.randperm(batch_size, device=device)
-                for start in range(0, batch_size, minibatch_size):
-                    mb = b_inds[start : start + minibatch_size]
-                    newlogprob, entropy, newvalue = agent.evaluate(batch["obs"][mb], batch["actions"][mb])
-                    logratio = newlogprob - batch["logprobs"][mb]
-                    ratio = logratio.exp()
+            with timer.learn:
+                agent.train()
+                batch = {k: v.to(device) for k, v in buffer.flat().items()}
+                clipfracs, approx_kl = [], torch.zeros(())
+                for epoch in range(args.update_epochs):
+                    shuffled = {k: v[torch.randperm(batch_size, device=device)] for k, v in batch.items()}  # one gather per epoch
+                    for start in range(0, batch_size, minibatch_size):
+                        mb = {k: v[start : start + minibatch_size] for k, v in shuffled.items()}  # views, no copies
+                        newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
+                        logratio = newlogprob - mb["logprobs"]
+                        ratio = logratio.exp()
 
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+                        with torch.no_grad():
+                            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                            old_approx_kl = (-logratio).mean()
+                            approx_kl = ((ratio - 1) - logratio).mean()
+                            clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
 
-                    mb_advantages = batch["advantages"][mb]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                        mb_advantages = mb["advantages"]
+                        if args.norm_adv:
+                            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+                        # Policy loss
+                        pg_loss1 = -mb_advantages * ratio
+                        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-                    # Value loss
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - batch["returns"][mb]) ** 2
-                        v_clipped = batch["values"][mb] + torch.clamp(newvalue - batch["values"][mb], -args.clip_coef, args.clip_coef)
-                        v_loss_clipped = (v_clipped - batch["returns"][mb]) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - batch["returns"][mb]) ** 2).mean()
+                        # Value loss
+                        if args.clip_vloss:
+                            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+                            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+                            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+                            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                        else:
+                            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
 
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                    if not torch.isfinite(loss):
-                        raise NonFiniteLossError(
-                            f"The loss became non-finite ({loss.item()}) at iteration {iteration} (global step {global_step}); "
-                            f"the run stopped without saving. The last good checkpoint is {last_checkpoint or 'none (none was written yet)'}. "
-                            f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
-                        )
+                        entropy_loss = entropy.mean()
+                        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                        if not torch.isfinite(loss):
+                            raise NonFiniteLossError(
+                                f"The loss became non-finite ({loss.item()}) at iteration {iteration} (global step {global_step}); "
+                                f"the run stopped without saving. The last good checkpoint is {last_checkpoint or 'none (none was written yet)'}. "
+                                f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
+                            )
 
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
+                        optimizer.zero_grad()
+                        loss.backward()
+                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                        optimizer.step()
 
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
+                    if args.target_kl is not None and approx_kl > args.target_kl:
+                        break
 
             # ---------------------------------------------------------------- logging
             sps = (global_step - start_step) / (time.perf_counter() - start_time)
+            perf = timer.lap()
+            result.iteration_seconds.append(timer.last_lap_seconds)
+            logger.scalars(perf, global_step)
             logger.scalars({
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(),
@@ -349,6 +361,7 @@ def train(args: Args, explicit: set[str] | None = None) -> str:
                 "losses/clipfrac": torch.stack(clipfracs).mean().item(),
                 "losses/explained_variance": explained_variance(buffer.values.ravel(), buffer.returns.ravel()),
                 "charts/SPS": sps,
+                "charts/SPS_window": batch_size / timer.last_lap_seconds,
             }, global_step)
             progress.update(global_step, sps, logger.mean_recent_return)
             if iteration % args.checkpoint_every == 0 or iteration == num_iterations:
@@ -360,7 +373,8 @@ def train(args: Args, explicit: set[str] | None = None) -> str:
 
     print(f"done: {global_step:,} steps. TensorBoard logs: {args.run_dir}  (tensorboard --logdir {args.run_dir})", flush=True)
     print(f"checkpoint: {last_checkpoint or checkpoint.resolve_checkpoint(args.run_dir)}", flush=True)
-    return args.run_dir
+    result.global_step = global_step
+    return result
 
 
 # ============================================================================ evaluation

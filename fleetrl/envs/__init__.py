@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from fleetrl.envs.registry import EnvFactory, EnvFamily, env_family, env_spec
-from fleetrl.envs.vector import GymSyncVectorEnv, episode_stats
+from fleetrl.envs.vector import GymSyncVectorEnv, SyncVectorEnv, episode_stats
 from fleetrl.errors import FleetError
 
-BACKENDS = ("sync",)
+# name -> constructor taking the list of env factories
+BACKENDS = {
+    "sync": SyncVectorEnv,  # in-process, envs stepped in turn
+    "gym-sync": GymSyncVectorEnv,  # gymnasium's SyncVectorEnv (SAME_STEP), the reference and baseline
+}
 
 
 def make_vector_env(
@@ -22,7 +26,7 @@ def make_vector_env(
     if backend not in BACKENDS:
         raise FleetError(f"Unknown --env-backend {backend!r}; choose one of: {', '.join(BACKENDS)}.")
     factories = [EnvFactory(env_id, family.name, training, sticky_actions) for _ in range(num_envs)]
-    return GymSyncVectorEnv(factories)
+    return BACKENDS[backend](factories)
 
 
 __all__ = ["EnvFactory", "EnvFamily", "env_family", "env_spec", "episode_stats", "make_vector_env"]

@@ -100,7 +100,8 @@ class EnvFactory:
         name = import_env_module(self.env_id)
         if self.family == "atari":
             return atari.make_atari(name, self.training, self.sticky_actions, self.render_mode)
-        env = EpisodeStats(gym.make(name, render_mode=self.render_mode))
+        kwargs = {"render_mode": self.render_mode} if self.render_mode else {}  # custom envs may not take it
+        env = EpisodeStats(gym.make(name, **kwargs))
         if len(env.observation_space.shape) != 1:  # dict or image observations of a vector env
             env = gym.wrappers.FlattenObservation(env)
         return env

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Iterable
 
 from torch.utils.tensorboard import SummaryWriter
@@ -53,3 +53,13 @@ class Logger:
     def close(self) -> None:
         if self.writer:
             self.writer.close()
+
+
+@dataclass
+class TrainResult:
+    """What a training call returns to Python callers (benchmarks, tests, the tuner)."""
+
+    run_dir: str
+    global_step: int = 0
+    iteration_seconds: list[float] = field(default_factory=list)  # wall time of each iteration
+    episode_returns: list[float] = field(default_factory=list)  # every finished episode, in order

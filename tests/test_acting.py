@@ -1,0 +1,80 @@
+"""The lean action helpers and the numpy acting path agree with torch.distributions and the learner."""
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch.distributions import Categorical, Normal
+
+from fleetrl.algos.ppo import Agent
+from fleetrl.nets import categorical_logprob_entropy, categorical_sample, gaussian_logprob_entropy, gaussian_sample
+from fleetrl.sampling.acting import NumpyMLPActor, TorchActor, make_actor
+
+
+def test_categorical_helpers_match_torch_distributions():
+    torch.manual_seed(0)
+    logits = torch.randn(1000, 5)
+    action, logprob = categorical_sample(logits)
+    dist = Categorical(logits=logits)
+    torch.testing.assert_close(logprob, dist.log_prob(action))
+    lp, ent = categorical_logprob_entropy(logits, action)
+    torch.testing.assert_close(lp, dist.log_prob(action))
+    torch.testing.assert_close(ent, dist.entropy())
+
+
+def test_categorical_sample_frequencies_follow_the_probabilities():
+    torch.manual_seed(1)
+    logits = torch.log(torch.tensor([0.1, 0.2, 0.7])).expand(200_000, 3)
+    action, _ = categorical_sample(logits)
+    freq = torch.bincount(action, minlength=3).float() / len(action)
+    torch.testing.assert_close(freq, torch.tensor([0.1, 0.2, 0.7]), atol=0.005, rtol=0)
+
+
+def test_gaussian_helpers_match_torch_distributions():
+    torch.manual_seed(2)
+    mean, logstd = torch.randn(100, 3), torch.randn(1, 3) * 0.3
+    action, logprob = gaussian_sample(mean, logstd)
+    dist = Normal(mean, logstd.exp().expand_as(mean))
+    torch.testing.assert_close(logprob, dist.log_prob(action).sum(-1))
+    lp, ent = gaussian_logprob_entropy(mean, logstd, action)
+    torch.testing.assert_close(lp, dist.log_prob(action).sum(-1))
+    torch.testing.assert_close(ent, dist.entropy().sum(-1))
+
+
+def test_numpy_actor_agrees_with_the_learner_for_discrete_and_continuous_agents():
+    for space in (gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)):
+        torch.manual_seed(3)
+        agent = Agent((6,), space)
+        if isinstance(space, gym.spaces.Box):
+            with torch.no_grad():
+                agent.actor_logstd.fill_(-0.5)
+        actor = make_actor(agent, torch.device("cpu"), seed=0)
+        assert isinstance(actor, NumpyMLPActor)
+        obs = np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32)
+        action, logprob, value = actor.act(obs)
+        with torch.no_grad():
+            lp, _, v = agent.evaluate(torch.as_tensor(obs), torch.as_tensor(action))
+        np.testing.assert_allclose(logprob, lp.numpy(), atol=1e-5)
+        np.testing.assert_allclose(value, v.numpy(), atol=1e-5)
+        np.testing.assert_allclose(actor.value(obs), v.numpy(), atol=1e-5)
+
+
+def test_numpy_actor_sees_in_place_parameter_updates_without_a_copy():
+    agent = Agent((4,), gym.spaces.Discrete(2))
+    actor = make_actor(agent, torch.device("cpu"), seed=0)
+    obs = np.ones((2, 4), np.float32)
+    before = actor.value(obs).copy()
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.1, fused=True)
+    agent.get_value(torch.as_tensor(obs)).sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        now = agent.get_value(torch.as_tensor(obs)).numpy()
+    assert not np.allclose(before, now)
+    np.testing.assert_allclose(actor.value(obs), now, atol=1e-5)
+
+
+def test_cnn_agents_act_through_torch():
+    agent = Agent((4, 84, 84), gym.spaces.Discrete(4))
+    actor = make_actor(agent, torch.device("cpu"), seed=0)
+    assert isinstance(actor, TorchActor)
+    action, logprob, value = actor.act(np.zeros((2, 4, 84, 84), np.uint8))
+    assert action.shape == (2,) and logprob.shape == (2,) and value.shape == (2,)
