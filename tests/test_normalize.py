@@ -1,6 +1,7 @@
 """Running statistics for observation/reward normalisation."""
 
 import numpy as np
+import pytest
 
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer, RunningMeanStd
 
@@ -50,3 +51,15 @@ def test_reward_normalizer_resets_the_discounted_return_at_episode_end():
     np.testing.assert_allclose(norm.returns, [0.0, 1.0])
     norm(np.array([1.0, 1.0]), np.array([False, False]))
     np.testing.assert_allclose(norm.returns, [1.0, 1.9])
+
+
+def test_scalar_statistics_survive_a_safe_checkpoint_round_trip(tmp_path):
+    import torch
+
+    norm = RewardNormalizer(3, gamma=0.99)
+    for _ in range(5):
+        norm(np.array([1.0, 2.0, 3.0]), np.array([False, False, True]))
+    torch.save(norm.rms.state_dict(), tmp_path / "rms.pt")
+    other = RunningMeanStd(())
+    other.load_state_dict(torch.load(tmp_path / "rms.pt", weights_only=True))
+    assert other.var == pytest.approx(float(norm.rms.var)) and other.count == pytest.approx(norm.rms.count)

@@ -236,13 +236,14 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
             state["obs_rms"], state["reward_rms"] = obs_norm.rms.state_dict(), reward_norm.rms.state_dict()
         return str(checkpoint.save_checkpoint(state, args.run_dir, args.keep_checkpoints))
 
-    logger = Logger(args.run_dir, purge_step=global_step if resumed else None)
+    # a resumed run's TensorBoard curve continues after the checkpoint; later points of the killed run are purged
+    logger = Logger(args.run_dir, purge_step=global_step + 1 if resumed else None)
     logger.hparams(args)
     print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps; logs in {args.run_dir}", flush=True)
     progress = Progress(num_iterations * batch_size, global_step, enabled=args.progress)
 
-    buffer = RolloutBuffer(args.num_steps, args.num_envs, obs_shape, envs.single_observation_space.dtype,
-                           envs.single_action_space.shape, envs.single_action_space.dtype)
+    obs_dtype = np.uint8 if envs.single_observation_space.dtype == np.uint8 else np.float32  # images stay compact
+    buffer = RolloutBuffer(args.num_steps, args.num_envs, obs_shape, obs_dtype, envs.single_action_space.shape, envs.single_action_space.dtype)
     next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts new episodes, seeded apart
     if obs_norm is not None:
         next_obs = obs_norm(next_obs)
@@ -264,7 +265,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 global_step += args.num_envs
                 buffer.obs[step] = next_obs
                 with timer.inference:
-                    action, logprob, value = actor.act(next_obs)
+                    action, logprob, value = actor.act(buffer.obs[step])
                     buffer.actions[step], buffer.logprobs[step], buffer.values[step] = action, logprob, value
                 env_action = np.clip(action, action_low, action_high) if family.continuous else action
 
@@ -298,9 +299,10 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 batch = {k: v.to(device) for k, v in buffer.flat().items()}
                 clipfracs, approx_kl = [], torch.zeros(())
                 for epoch in range(args.update_epochs):
-                    shuffled = {k: v[torch.randperm(batch_size, device=device)] for k, v in batch.items()}  # one gather per epoch
+                    b_inds = torch.randperm(batch_size, device=device)
+                    shuffled = {k: v[b_inds] for k, v in batch.items()}  # one gather per epoch; minibatches are views
                     for start in range(0, batch_size, minibatch_size):
-                        mb = {k: v[start : start + minibatch_size] for k, v in shuffled.items()}  # views, no copies
+                        mb = {k: v[start : start + minibatch_size] for k, v in shuffled.items()}
                         newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
                         logratio = newlogprob - mb["logprobs"]
                         ratio = logratio.exp()
@@ -365,6 +367,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
             }, global_step)
             progress.update(global_step, sps, logger.mean_recent_return)
             if iteration % args.checkpoint_every == 0 or iteration == num_iterations:
+                logger.flush()  # the logs up to the checkpoint survive a kill
                 last_checkpoint = save()
     finally:
         progress.close()
@@ -393,7 +396,7 @@ def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
         if obs_norm is not None:
             obs = obs_norm.normalize(obs)
         with torch.inference_mode():
-            x = torch.as_tensor(obs)
+            x = torch.as_tensor(obs if obs.dtype == np.uint8 else obs.astype(np.float32))
             action = agent.deterministic_action(x) if deterministic else agent.act(x)[0]
         action = action.numpy()
         if agent.continuous:

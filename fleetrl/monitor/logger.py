@@ -50,6 +50,10 @@ class Logger:
     def mean_recent_return(self) -> float | None:
         return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
 
+    def flush(self) -> None:
+        if self.writer:
+            self.writer.flush()
+
     def close(self) -> None:
         if self.writer:
             self.writer.close()

@@ -28,14 +28,18 @@ class TorchActor:
     def __init__(self, agent: nn.Module, device: torch.device):
         self.agent, self.device = agent, device
 
+    def _tensor(self, obs: np.ndarray) -> torch.Tensor:
+        # uint8 images travel as bytes (the network scales them); any other observation as float32
+        return torch.as_tensor(obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False), device=self.device)
+
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         with torch.inference_mode():
-            action, logprob, value = self.agent.act(torch.as_tensor(obs, device=self.device))
+            action, logprob, value = self.agent.act(self._tensor(obs))
             return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return self.agent.get_value(torch.as_tensor(obs, device=self.device)).cpu().numpy()
+            return self.agent.get_value(self._tensor(obs)).cpu().numpy()
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # sampling uses torch's global RNG, saved with the checkpoint

@@ -41,7 +41,7 @@ class RunningMeanStd:
         self.count = total
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"mean": torch.from_numpy(self.mean.copy()), "var": torch.from_numpy(self.var.copy()), "count": torch.tensor(self.count)}
+        return {"mean": torch.tensor(np.asarray(self.mean)), "var": torch.tensor(np.asarray(self.var)), "count": torch.tensor(float(self.count))}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.mean = state["mean"].numpy().astype(np.float64)

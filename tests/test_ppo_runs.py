@@ -1,0 +1,65 @@
+"""Real PPO runs: kill and resume, a planted non-finite loss."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from fleetrl import checkpoint
+from fleetrl.monitor.tbread import read_scalars
+
+from conftest import run_fleetrl, start_fleetrl
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for_checkpoints(run_dir, count, proc, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if len(checkpoint.list_checkpoints(run_dir)) >= count:
+            return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    raise AssertionError(f"no {count} checkpoints in {run_dir} after {timeout}s")
+
+
+def test_killed_run_resumes_to_the_requested_steps_with_continuous_step_lr_and_logs(tmp_path):
+    run_dir = tmp_path / "run"
+    iterations, batch = 120, 512
+    proc = start_fleetrl("train", "ppo", "--total-timesteps", str(iterations * batch), "--checkpoint-every", "10",
+                         "--keep-checkpoints", "5", "--run-dir", str(run_dir), "--no-cuda")
+    wait_for_checkpoints(run_dir, 2, proc)
+    time.sleep(0.5)  # let it run past the checkpoint, so the killed run leaves logs to purge
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed_at = checkpoint.load_checkpoint(run_dir)
+    k_iter, k_step = int(killed_at["iteration"]), int(killed_at["global_step"])
+    assert k_step == k_iter * batch and k_iter < iterations
+
+    resumed = run_fleetrl("train", "ppo", "--resume", str(run_dir), "--no-cuda", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = checkpoint.load_checkpoint(run_dir)
+    assert int(final["global_step"]) == iterations * batch and int(final["iteration"]) == iterations
+
+    lr = read_scalars(run_dir, "charts/learning_rate")
+    steps = [p.step for p in lr]
+    assert steps == [batch * i for i in range(1, iterations + 1)], "every iteration logged exactly once, no repeats"
+    first_resumed = next(p for p in lr if p.step == (k_iter + 1) * batch)
+    assert first_resumed.value == pytest.approx(2.5e-4 * (1 - k_iter / iterations), rel=1e-5), "the LR schedule continues"
+    returns = read_scalars(run_dir, "charts/episodic_return")
+    assert returns and all(p.step <= iterations * batch for p in returns)
+
+
+def test_planted_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    run_dir = tmp_path / "nan"
+    # the env returns NaN rewards from its 1501st step: 4 envs x 128 steps puts that in iteration 12
+    proc = run_fleetrl("train", "ppo", "--env-id", "fleetrl_test_envs:NanReward-v0", "--total-timesteps", "51200",
+                       "--checkpoint-every", "1", "--run-dir", str(run_dir), "--no-cuda", timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "non-finite" in proc.stderr and "iteration 12" in proc.stderr and "ckpt_000000005632.pt" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    last_good = checkpoint.load_checkpoint(run_dir)
+    assert int(last_good["iteration"]) == 11
+    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "2", timeout=120)
+    assert evaluated.returncode == 0, evaluated.stderr
