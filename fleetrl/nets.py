@@ -91,6 +91,13 @@ def gaussian_logprob_entropy(mean: torch.Tensor, logstd: torch.Tensor, action: t
     return logprob, entropy
 
 
-def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
-    var_y = np.var(returns)
-    return float("nan") if var_y == 0 else float(1 - np.var(returns - values) / var_y)
+def explained_variance(values: np.ndarray, returns: np.ndarray, allreduce=None) -> float:
+    """1 - Var[returns - values] / Var[returns]; with ``allreduce`` (a sum over ranks), over all ranks' data."""
+    y, d = returns.astype(np.float64), (returns - values).astype(np.float64)
+    sums = np.array([y.size, y.sum(), (y * y).sum(), d.sum(), (d * d).sum()])
+    if allreduce is not None:
+        sums = allreduce(sums)
+    n, sy, syy, sd, sdd = sums
+    var_y = syy / n - (sy / n) ** 2
+    var_d = sdd / n - (sd / n) ** 2
+    return float("nan") if var_y <= 0 else float(1 - var_d / var_y)

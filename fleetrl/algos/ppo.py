@@ -1,6 +1,6 @@
 """PPO (clipped surrogate, GAE), discrete and continuous actions, read top to bottom as CleanRL's ppo.py.
 
-Order: arguments, networks, setup, rollout, advantage, update, logging. The engine (vector envs,
+Order: arguments, networks, loss, then training: setup, rollout, advantage, update, logging. The engine (vector envs,
 rollout buffer, normalisation, checkpoints, monitoring) is called in a few lines each.
 
 Differences from CleanRL, each on purpose:
@@ -13,17 +13,19 @@ Differences from CleanRL, each on purpose:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from fleetrl import checkpoint, config, runtime
-from fleetrl.envs import env_family, episode_stats, make_vector_env
+from fleetrl import checkpoint, config
+from fleetrl.distributed import Dist
+from fleetrl.envs import episode_stats, make_vector_env
 from fleetrl.errors import FleetError, NonFiniteLossError
 from fleetrl.monitor import Logger, PhaseTimer, Progress, TrainResult
+from fleetrl.run import Run
 from fleetrl.nets import (
     NatureCNN,
     categorical_logprob_entropy,
@@ -89,7 +91,7 @@ class Args:
 
     # fleetrl: engine settings
     env_backend: str = "sync"
-    """vector backend: sync (in-process)"""
+    """vector backend: sync (in-process) or gym-sync (gymnasium's SyncVectorEnv)"""
     sticky_actions: float | None = None
     """Atari sticky-action probability [0 for NoFrameskip-v4 ids, 0.25 for ALE/...-v5]"""
     run_dir: str | None = None
@@ -104,6 +106,10 @@ class Args:
     """torch CPU threads for this process [cores / processes on this machine]"""
     progress: bool = True
     """show the progress display (a live bar on a terminal, plain lines otherwise)"""
+    dist_backend: str | None = None
+    """torch.distributed backend under torchrun [nccl on CUDA, gloo on CPU]"""
+    dist_timeout: float = 300.0
+    """seconds a collective waits for a missing rank before the job fails (keep it above a checkpoint write)"""
 
 
 FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.py
@@ -127,8 +133,6 @@ def validate(args: Args) -> None:
         )
     if args.total_timesteps < batch_size:
         raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size}); raise it.")
-    if args.resume == "auto" and args.run_dir is None:
-        raise FleetError("--resume auto needs --run-dir: it resumes the newest checkpoint in that folder, or starts fresh there.")
 
 
 # ============================================================================ networks
@@ -180,87 +184,118 @@ class Agent(nn.Module):
         return out if self.continuous else out.argmax(-1)
 
 
+# ============================================================================ loss
+def ppo_loss(agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist: Dist) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped surrogate objective, the (clipped) value loss and the entropy bonus on one minibatch.
+
+    Under torchrun each rank holds 1/W of the global minibatch; advantages are normalised with
+    all-reduced figures, so the averaged gradient is the gradient of the global minibatch.
+    """
+    newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
+    logratio = newlogprob - mb["logprobs"]
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    mb_advantages = mb["advantages"]
+    if args.norm_adv:
+        mb_advantages = dist.normalize(mb_advantages)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+        v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = {"value_loss": v_loss, "policy_loss": pg_loss, "entropy": entropy_loss,
+             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
 # ============================================================================ training
 def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
-    """Train PPO. ``explicit``: the flags given on the command line (they win over a resumed run's)."""
+    """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line
+    (they win over a resumed run's saved arguments)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
-
-    # --- resume: a run continues with its saved arguments, except the flags given again ---
-    resumed = None
-    if args.resume == "auto" and args.run_dir and checkpoint.list_checkpoints(args.run_dir):
-        resumed = checkpoint.load_checkpoint(args.run_dir)
-    elif args.resume not in (None, "auto"):
-        resumed = checkpoint.load_checkpoint(args.resume)
-    if resumed is not None:
-        args = config.merge_resumed_args(args, resumed["args"], explicit | {"resume"})
-        if "run_dir" not in explicit:
-            args.run_dir = resumed["args"]["run_dir"]
-    family = env_family(args.env_id)
-    args = config.apply_family_defaults(args, FAMILY_DEFAULTS, family.name)
-    validate(args)
-    args.run_dir = args.run_dir or config.default_run_dir(args.env_id, args.exp_name, args.seed)
-    batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
+    run = Run.start(args, explicit, FAMILY_DEFAULTS, validate)  # torchrun, resume, defaults, seeds, device
+    args, dist, device, family = run.args, run.dist, run.device, run.family
+    batch_size = args.num_envs * args.num_steps  # global, over all ranks
+    local_batch_size = run.local_num_envs * args.num_steps
+    local_minibatch_size = local_batch_size // args.num_minibatches  # each rank's 1/W of a global minibatch
     num_iterations = args.total_timesteps // batch_size
 
-    runtime.seed_everything(args.seed, args.torch_deterministic)
-    runtime.set_torch_threads(args.torch_threads)
-    device = runtime.pick_device(args.cuda, warn="cuda" in explicit)
-
-    envs = make_vector_env(args.env_id, args.num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=family)
+    envs = make_vector_env(args.env_id, run.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=family)
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape, envs.single_action_space).to(device)
+    dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
-    actor = make_actor(agent, device, seed=args.seed)  # the engine's fastest exact acting path for this network
-    # continuous control normalises observations and rewards in the trainer, one set of statistics for all envs
-    obs_norm = ObsNormalizer(obs_shape) if family.continuous else None
-    reward_norm = RewardNormalizer(args.num_envs, args.gamma) if family.continuous else None
+    actor = make_actor(agent, device, seed=run.seed)  # the engine's fastest exact acting path for this network
+    # continuous control normalises observations and rewards in the trainer: one set of statistics for
+    # all envs of all ranks (their sums are all-reduced every step)
+    obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if family.continuous else None
+    reward_norm = RewardNormalizer(run.local_num_envs, args.gamma, dist.allreduce_sum_np) if family.continuous else None
     if family.continuous:
         action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
-    global_step, start_iteration = 0, 0
-    if resumed is not None:
-        agent.load_state_dict(resumed["model"])
-        optimizer.load_state_dict(resumed["optimizer"])
+    global_step = run.global_step
+    if run.resumed is not None:
+        agent.load_state_dict(run.resumed["model"])
+        optimizer.load_state_dict(run.resumed["optimizer"])
         if obs_norm is not None:
-            obs_norm.rms.load_state_dict(resumed["obs_rms"])
-            reward_norm.rms.load_state_dict(resumed["reward_rms"])
-        checkpoint.set_rng_state(resumed["rng"])
-        actor.load_state_dict(resumed["actor"])
-        global_step, start_iteration = int(resumed["global_step"]), int(resumed["iteration"])
+            obs_norm.rms.load_state_dict(run.resumed["obs_rms"])
+            reward_norm.rms.load_state_dict(run.resumed["reward_rms"])
+        if dist.world_size == 1 and run.resumed.get("world_size", 1) == 1:
+            actor.load_state_dict(run.resumed["actor"])
 
-    def save() -> str:
-        state = {"args": asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                 "global_step": global_step, "iteration": iteration, "rng": checkpoint.rng_state(), "actor": actor.state_dict(), "algo": "ppo", "family": family.name}
+    def save() -> str | None:
+        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "actor": actor.state_dict(),
+                 "global_step": global_step, "iteration": iteration, "algo": "ppo", "family": family.name}
         if obs_norm is not None:
             state["obs_rms"], state["reward_rms"] = obs_norm.rms.state_dict(), reward_norm.rms.state_dict()
-        return str(checkpoint.save_checkpoint(state, args.run_dir, args.keep_checkpoints))
+        return run.save_checkpoint(state)
 
-    # a resumed run's TensorBoard curve continues after the checkpoint; later points of the killed run are purged
-    logger = Logger(args.run_dir, purge_step=global_step + 1 if resumed else None)
+    # only rank 0 writes logs; a resumed run's curves continue after its checkpoint (later points are purged)
+    logger = Logger(args.run_dir, enabled=dist.is_main, purge_step=global_step + 1 if run.resumed else None)
     logger.hparams(args)
-    print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps; logs in {args.run_dir}", flush=True)
-    progress = Progress(num_iterations * batch_size, global_step, enabled=args.progress)
+    if dist.is_main:
+        print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps"
+              f"{f' over {dist.world_size} processes' if dist.enabled else ''}; logs in {args.run_dir}", flush=True)
+    progress = Progress(num_iterations * batch_size, global_step, enabled=args.progress and dist.is_main)
+    timer = PhaseTimer(distributed=dist.enabled)
+    dist.comm_phase = timer.comm
+    result = TrainResult(args.run_dir)
 
     obs_dtype = np.uint8 if envs.single_observation_space.dtype == np.uint8 else np.float32  # images stay compact
-    buffer = RolloutBuffer(args.num_steps, args.num_envs, obs_shape, obs_dtype, envs.single_action_space.shape, envs.single_action_space.dtype)
-    next_obs, _ = envs.reset(seed=args.seed + global_step)  # a resumed run starts new episodes, seeded apart
+    buffer = RolloutBuffer(args.num_steps, run.local_num_envs, obs_shape, obs_dtype, envs.single_action_space.shape, envs.single_action_space.dtype)
+    next_obs, _ = envs.reset(seed=run.env_seed)
     if obs_norm is not None:
         next_obs = obs_norm(next_obs)
     start_time, start_step = time.perf_counter(), global_step
-    iteration = start_iteration
-    last_checkpoint = None
-    timer = PhaseTimer()
-    result = TrainResult(args.run_dir)
+    iteration, last_checkpoint = run.start_iteration, None
 
     try:
-        for iteration in range(start_iteration + 1, num_iterations + 1):
+        for iteration in range(run.start_iteration + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ---------------------------------------------------------------- rollout
             agent.eval()
+            episodes = []  # (global step, return, length) of the episodes this rank finished
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 buffer.obs[step] = next_obs
@@ -283,10 +318,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                         final_obs = obs_norm.normalize(final_obs)
                     with timer.inference:
                         buffer.final_values[step, truncated] = actor.value(final_obs)
-                finished = episode_stats(info)
-                if finished:
-                    logger.episodes_finished(finished, global_step)
-                    result.episode_returns += [r for r, _ in finished]
+                episodes += [(global_step, r, l) for r, l in episode_stats(info)]
 
             # ---------------------------------------------------------------- advantage
             with timer.learn:
@@ -297,85 +329,65 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
             with timer.learn:
                 agent.train()
                 batch = {k: v.to(device) for k, v in buffer.flat().items()}
-                clipfracs, approx_kl = [], torch.zeros(())
+                clipfracs = []
                 for epoch in range(args.update_epochs):
-                    b_inds = torch.randperm(batch_size, device=device)
+                    b_inds = torch.randperm(local_batch_size, device=device)
                     shuffled = {k: v[b_inds] for k, v in batch.items()}  # one gather per epoch; minibatches are views
-                    for start in range(0, batch_size, minibatch_size):
-                        mb = {k: v[start : start + minibatch_size] for k, v in shuffled.items()}
-                        newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
-                        logratio = newlogprob - mb["logprobs"]
-                        ratio = logratio.exp()
-
-                        with torch.no_grad():
-                            # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                            old_approx_kl = (-logratio).mean()
-                            approx_kl = ((ratio - 1) - logratio).mean()
-                            clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-
-                        mb_advantages = mb["advantages"]
-                        if args.norm_adv:
-                            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                        # Policy loss
-                        pg_loss1 = -mb_advantages * ratio
-                        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                        # Value loss
-                        if args.clip_vloss:
-                            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
-                            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
-                            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
-                            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                        else:
-                            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
-
-                        entropy_loss = entropy.mean()
-                        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                        if not torch.isfinite(loss):
+                    for start in range(0, local_batch_size, local_minibatch_size):
+                        mb = {k: v[start : start + local_minibatch_size] for k, v in shuffled.items()}
+                        loss, stats = ppo_loss(agent, mb, args, dist)
+                        optimizer.zero_grad()
+                        loss.backward()
+                        # average gradients over ranks; the loss and KL ride along so every rank decides alike
+                        loss_and_kl = dist.allreduce_gradients(list(agent.parameters()), torch.stack([loss.detach(), stats["approx_kl"]]))
+                        if not torch.isfinite(loss_and_kl[0]):
                             raise NonFiniteLossError(
-                                f"The loss became non-finite ({loss.item()}) at iteration {iteration} (global step {global_step}); "
+                                f"The loss became non-finite ({loss_and_kl[0].item()}) at iteration {iteration} (global step {global_step}); "
                                 f"the run stopped without saving. The last good checkpoint is {last_checkpoint or 'none (none was written yet)'}. "
                                 f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
                             )
-
-                        optimizer.zero_grad()
-                        loss.backward()
                         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                         optimizer.step()
+                        clipfracs.append(stats["clipfrac"])
 
-                    if args.target_kl is not None and approx_kl > args.target_kl:
+                    if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
                         break
 
             # ---------------------------------------------------------------- logging
+            all_episodes = [e for rank_episodes in dist.gather_objects(episodes) for e in rank_episodes]
+            for step_logged, episode_return, length in sorted(all_episodes):
+                logger.episodes_finished([(episode_return, length)], step_logged)
+            result.episode_returns += [r for _, r, _ in sorted(all_episodes)]
+            stats["clipfrac"] = torch.stack(clipfracs).mean()
+            names = list(stats)
+            global_stats = dict(zip(names, dist.mean(stats[k].item() for k in names)))  # global figures
             sps = (global_step - start_step) / (time.perf_counter() - start_time)
             perf = timer.lap()
             result.iteration_seconds.append(timer.last_lap_seconds)
-            logger.scalars(perf, global_step)
+            logger.scalars({f"losses/{k}": v for k, v in global_stats.items()}, global_step)
             logger.scalars({
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                "losses/value_loss": v_loss.item(),
-                "losses/policy_loss": pg_loss.item(),
-                "losses/entropy": entropy_loss.item(),
-                "losses/old_approx_kl": old_approx_kl.item(),
-                "losses/approx_kl": approx_kl.item(),
-                "losses/clipfrac": torch.stack(clipfracs).mean().item(),
-                "losses/explained_variance": explained_variance(buffer.values.ravel(), buffer.returns.ravel()),
+                "losses/explained_variance": explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np),
                 "charts/SPS": sps,
                 "charts/SPS_window": batch_size / timer.last_lap_seconds,
+                **perf,
             }, global_step)
             progress.update(global_step, sps, logger.mean_recent_return)
             if iteration % args.checkpoint_every == 0 or iteration == num_iterations:
                 logger.flush()  # the logs up to the checkpoint survive a kill
                 last_checkpoint = save()
+        digest = dist.check_replicas_identical(agent)
     finally:
         progress.close()
         logger.close()
         envs.close()
+        run.close()
 
-    print(f"done: {global_step:,} steps. TensorBoard logs: {args.run_dir}  (tensorboard --logdir {args.run_dir})", flush=True)
-    print(f"checkpoint: {last_checkpoint or checkpoint.resolve_checkpoint(args.run_dir)}", flush=True)
+    if dist.is_main:
+        if dist.enabled:
+            print(f"replicas in sync: {dist.world_size} ranks hold bit-identical parameters (sha256 {digest[:16]})", flush=True)
+        print(f"done: {global_step:,} steps. TensorBoard logs: {args.run_dir}  (tensorboard --logdir {args.run_dir})", flush=True)
+        print(f"checkpoint: {last_checkpoint or checkpoint.resolve_checkpoint(args.run_dir)}", flush=True)
     result.global_step = global_step
     return result
 

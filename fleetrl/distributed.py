@@ -1,0 +1,198 @@
+"""Compute layer: data-parallel training under torchrun (one process, N processes, N nodes).
+
+Launch with ``torchrun``; nothing here starts processes. The global ``RANK`` and ``WORLD_SIZE``
+are used (not ``LOCAL_RANK`` as a rank, which only works on one node). Replicas stay identical:
+parameters are broadcast from rank 0 once, gradients are averaged with an explicit all-reduce
+over a few flat buckets (communication is its own, timed phase), and every decision that could
+split the ranks (early stop on KL, a non-finite loss) is taken from all-reduced figures.
+
+Seeds: the env with global index ``g = rank * local_num_envs + i`` is seeded ``seed + g``, so the
+envs of all ranks together are seeded exactly as ``num_envs`` envs in one process. The torch and
+numpy streams of rank ``r`` start from ``seed + r``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from fleetrl.errors import FleetError
+
+BUCKET_BYTES = 25 * 1024 * 1024  # gradients are all-reduced in flat buckets of at most this size
+
+
+@dataclass
+class Dist:
+    """This process's place in the job; a single process is world size 1 and skips all communication."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    backend: str | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    comm_phase: Any = None  # a PhaseTimer phase that times every collective
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _timed(self):
+        return self.comm_phase if self.comm_phase is not None else nullcontext()
+
+    # --- collectives; each is a no-op at world size 1 ---
+
+    def allreduce_sum_np(self, values: np.ndarray) -> np.ndarray:
+        """Sum a float64 array over ranks (normalisation statistics, global figures)."""
+        if not self.enabled:
+            return values
+        with self._timed():
+            t = torch.as_tensor(np.ascontiguousarray(values, dtype=np.float64), device=self.device)
+            dist.all_reduce(t)
+            return t.cpu().numpy()
+
+    def mean(self, values: Iterable[float]) -> list[float]:
+        """The mean over ranks of a few scalars, in one all-reduce."""
+        values = list(values)
+        if not self.enabled:
+            return values
+        return (self.allreduce_sum_np(np.asarray(values, np.float64)) / self.world_size).tolist()
+
+    def normalize(self, x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+        """(x - mean) / (std + eps) with the mean and unbiased std of x over all ranks together."""
+        if not self.enabled:
+            return (x - x.mean()) / (x.std() + eps)
+        with torch.no_grad():
+            sums = torch.stack([torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device), x.sum(), (x * x).sum()])
+            with self._timed():
+                dist.all_reduce(sums)
+            n, total, total_sq = sums
+            mean = total / n
+            std = ((total_sq - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
+        return (x - mean) / (std + eps)
+
+    def broadcast_parameters(self, module: torch.nn.Module) -> None:
+        """Start every replica from rank 0's initial parameters."""
+        if not self.enabled:
+            return
+        with self._timed(), torch.no_grad():
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(tensor.data, src=0)
+
+    def allreduce_gradients(self, params: list[torch.nn.Parameter], extra: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Average the gradients over ranks in flat buckets; ``extra`` scalars ride in the last bucket.
+
+        Returns ``extra`` averaged over ranks (the loss and KL, so every rank decides alike).
+        """
+        if not self.enabled:
+            return extra
+        grads = [p.grad for p in params if p.grad is not None]
+        buckets: list[list[torch.Tensor]] = [[]]
+        size = 0
+        for g in grads:
+            if buckets[-1] and size + g.numel() * g.element_size() > BUCKET_BYTES:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(g)
+            size += g.numel() * g.element_size()
+        if extra is not None:
+            buckets[-1].append(extra.detach().to(grads[0].dtype if grads else torch.float64).reshape(-1))
+        with self._timed():
+            for bucket in buckets:
+                flat = _flatten_dense_tensors(bucket)
+                dist.all_reduce(flat)
+                flat /= self.world_size
+                for tensor, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                    tensor.copy_(reduced)
+        return buckets[-1][-1] if extra is not None else None
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (small metadata such as finished episodes), in rank order."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        with self._timed():
+            dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (the resume checkpoint, the run folder)."""
+        if not self.enabled:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.backend == "nccl" else None)
+        return box[0]
+
+    def check_replicas_identical(self, module: torch.nn.Module) -> str:
+        """Raise if any rank's parameters differ bit for bit from rank 0's; return the digest."""
+        digest = hashlib.sha256()
+        for tensor in module.state_dict().values():
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        mine = digest.hexdigest()
+        everyone = self.gather_objects(mine)
+        if len(set(everyone)) != 1:
+            diverged = [r for r, d in enumerate(everyone) if d != everyone[0]]
+            raise FleetError(f"Replicas diverged: the parameters of rank(s) {diverged} differ from rank 0's. This is a fleetrl bug; please report it.")
+        return mine
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launched_by_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init_distributed(cuda: bool, backend: str | None = None, timeout_s: float = 300.0) -> Dist:
+    """Join the torchrun job if there is one (NCCL on CUDA, gloo on CPU; ``backend`` overrides)."""
+    if not launched_by_torchrun():
+        return Dist()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    use_cuda = cuda and torch.cuda.is_available()
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    if backend == "nccl" and not use_cuda:
+        raise FleetError("--dist-backend nccl needs CUDA GPUs, and none is available here. Use --dist-backend gloo on CPUs.")
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if backend == "nccl" else None,
+    )
+    return Dist(rank, world_size, local_rank, local_world_size, backend, device)
+
+
+def split_evenly(total: int, world_size: int, what: str, flag: str) -> int:
+    """Each rank's share of a global quantity, or a clear refusal when it does not divide."""
+    if total % world_size:
+        raise FleetError(
+            f"{what} ({flag} {total}) must split evenly over the {world_size} processes of this torchrun job. "
+            f"Raise {flag} to a multiple of {world_size} (e.g. {(total // world_size + 1) * world_size}), or launch "
+            f"a number of processes that divides {total}."
+        )
+    return total // world_size
+
+
+def rank_seed(seed: int, rank: int, global_step: int = 0) -> int:
+    """The seed of rank ``rank``'s torch/numpy streams; a resumed run re-derives them from its step."""
+    return (seed + rank + 1_000_003 * global_step) % (2**31)
+
+
+__all__ = ["Dist", "init_distributed", "launched_by_torchrun", "rank_seed", "split_evenly"]

@@ -1,0 +1,164 @@
+"""The compute layer with real processes on 127.0.0.1: gradients, replicas, two nodes, a killed rank."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from fleetrl import checkpoint
+from fleetrl.algos.ppo import Args
+from fleetrl.distributed import Dist, split_evenly
+from fleetrl.errors import FleetError
+from fleetrl.monitor.tbread import read_scalars
+from fleetrl.run import Run
+
+from conftest import TESTS_DIR, fleetrl_env, run_fleetrl
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun(*args, timeout=600, **kwargs):
+    return subprocess.run([*TORCHRUN, *args], capture_output=True, text=True, timeout=timeout, env=fleetrl_env(), **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_env_seeds_of_all_ranks_are_distinct_and_match_one_process():
+    args = Args(seed=7)
+    seeds = []
+    for rank in range(2):
+        run = Run(args, None, Dist(rank=rank, world_size=2), None, local_num_envs=4, resumed=None)
+        seeds += [run.env_seed + i for i in range(4)]
+    single = Run(args, None, Dist(), None, local_num_envs=8, resumed=None)
+    assert seeds == [single.env_seed + i for i in range(8)] == list(range(7, 15))
+    assert Run(args, None, Dist(rank=0, world_size=2), None, 4, None).seed != Run(args, None, Dist(rank=1, world_size=2), None, 4, None).seed
+
+
+def test_work_that_does_not_split_over_ranks_is_refused_with_the_fix():
+    with pytest.raises(FleetError, match="Raise --num-envs"):
+        split_evenly(1, 2, "The number of environments", "--num-envs")
+    assert split_evenly(8, 2, "x", "--num-envs") == 4
+
+
+@pytest.mark.slow
+def test_averaged_gradient_and_update_at_world_size_two_equal_world_size_one(tmp_path):
+    script = str(TESTS_DIR / "dist_grad_check.py")
+    (tmp_path / "w1").mkdir(), (tmp_path / "w2").mkdir()
+    one = subprocess.run([sys.executable, script, str(tmp_path / "w1")], capture_output=True, text=True, timeout=120, env=fleetrl_env())
+    assert one.returncode == 0, one.stderr
+    two = torchrun("--standalone", "--nproc_per_node=2", script, str(tmp_path / "w2"), timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    w1 = torch.load(tmp_path / "w1" / "rank0.pt")
+    r0, r1 = torch.load(tmp_path / "w2" / "rank0.pt"), torch.load(tmp_path / "w2" / "rank1.pt")
+    assert torch.equal(r0["grads"], r1["grads"]) and torch.equal(r0["params"], r1["params"]), "replicas take the identical step"
+    torch.testing.assert_close(r0["grads"], w1["grads"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(r0["params"], w1["params"], atol=1e-5, rtol=0)
+    assert w1["grads"].abs().max() > 1e-3, "a meaningful gradient, not zeros"
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_finish_with_identical_replicas_and_log_both_ranks_episodes(tmp_path):
+    run_dir = tmp_path / "run"
+    total = 16 * 512
+    proc = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppo", "--env-id", "CartPole-v1",
+                    "--total-timesteps", str(total), "--run-dir", str(run_dir), "--no-cuda")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout
+    lengths = [p.value for p in read_scalars(run_dir, "charts/episodic_length")]
+    # every env step of both ranks belongs to a logged episode, except each env's unfinished last one
+    assert sum(lengths) > total - 4 * 500 and sum(lengths) > 0.75 * total, (sum(lengths), total)
+    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == total
+
+
+@pytest.mark.slow
+def test_two_nodes_with_c10d_rendezvous_on_loopback_finish_identically(tmp_path):
+    port = free_port()
+    common = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=fleetrl-test"]
+    train = ["-m", "fleetrl", "train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(8 * 512),
+             "--run-dir", str(tmp_path / "run"), "--no-cuda"]
+    nodes = [subprocess.Popen([*TORCHRUN, *common, f"--node_rank={k}", *train], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=fleetrl_env()) for k in (0, 1)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    assert any("replicas in sync: 2 ranks hold bit-identical parameters" in o for o in outputs)
+
+
+def worker_pid(launcher: subprocess.Popen, rank: int, timeout=120) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                if child.environ().get("RANK") == str(rank) and "fleetrl" in " ".join(child.cmdline()):
+                    return child.pid
+            except psutil.Error:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} worker found")
+
+
+def wait_for_checkpoint(run_dir, timeout=180):
+    deadline = time.time() + timeout
+    while not checkpoint.list_checkpoints(run_dir):
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_job_promptly_and_a_restart_resumes_from_the_last_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    iterations = 80
+    train = ["-m", "fleetrl", "train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(iterations * 512),
+             "--checkpoint-every", "4", "--run-dir", str(run_dir), "--resume", "auto", "--no-cuda"]
+    job = subprocess.Popen([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=fleetrl_env())
+    victim = worker_pid(job, rank=1)
+    wait_for_checkpoint(run_dir)
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.time()
+    output = job.communicate(timeout=120)[0]
+    assert job.returncode != 0
+    assert time.time() - killed_at < 60, "the job must end promptly, not hang"
+    assert "rank: 1" in output, output[-3000:]
+    last = checkpoint.load_checkpoint(run_dir)
+    assert int(last["iteration"]) < iterations
+
+    # the same command, restarted (here as one process: checkpoints resume at any world size)
+    restarted = run_fleetrl(*train[2:], timeout=600)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    final = checkpoint.load_checkpoint(run_dir)
+    assert int(final["global_step"]) == iterations * 512
+    steps = [p.step for p in read_scalars(run_dir, "charts/learning_rate")]
+    assert steps == sorted(set(steps)) and steps[-1] == iterations * 512, "no repeated steps"
+    assert steps == [512 * i for i in range(1, iterations + 1)]
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_with_resume_auto_continues_after_a_killed_rank(tmp_path):
+    run_dir = tmp_path / "run"
+    iterations = 60
+    job = subprocess.Popen([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", "-m", "fleetrl", "train", "ppo",
+                            "--env-id", "CartPole-v1", "--total-timesteps", str(iterations * 512), "--checkpoint-every", "4",
+                            "--run-dir", str(run_dir), "--resume", "auto", "--no-cuda"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=fleetrl_env())
+    victim = worker_pid(job, rank=0)
+    wait_for_checkpoint(run_dir)
+    os.kill(victim, signal.SIGKILL)
+    try:
+        output = job.communicate(timeout=240)[0]
+    except subprocess.TimeoutExpired:
+        job.kill()
+        raise AssertionError("the restarted job hung:\n" + job.communicate()[0][-4000:])
+    assert job.returncode == 0, output[-3000:]
+    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == iterations * 512
+    steps = [p.step for p in read_scalars(run_dir, "charts/learning_rate")]
+    assert steps == [512 * i for i in range(1, iterations + 1)]
