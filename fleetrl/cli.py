@@ -21,6 +21,8 @@ USAGE = """usage: fleetrl <command> [flags]
 commands:
   train ALGO [flags]   train an algorithm (ALGO: {algos}); `fleetrl train ppo --help` lists its flags
   eval CHECKPOINT      evaluate a checkpoint or run folder; `fleetrl eval --help`
+  benchmark -- CMD     run CMD for env ids x seeds on a worker pool, then summarise; `fleetrl benchmark --help`
+  plot PATHS -o FILE   learning curves (mean ± std over seeds, a panel per env) of the runs under PATHS; `fleetrl plot --help`
 """
 
 
@@ -41,7 +43,20 @@ def _eval(argv: list[str]) -> None:
     evaluate(tyro.cli(EvalArgs, args=argv, prog="fleetrl eval"))
 
 
-COMMANDS = {"train": _train, "eval": _eval}
+def _benchmark(argv: list[str]) -> None:
+    from fleetrl.tools.benchmark import DESCRIPTION, BenchmarkArgs, run_benchmark, split_command
+
+    flags, command = split_command(argv)
+    run_benchmark(tyro.cli(BenchmarkArgs, args=flags, prog="fleetrl benchmark", description=DESCRIPTION), command)
+
+
+def _plot(argv: list[str]) -> None:
+    from fleetrl.tools.plot import PlotArgs, plot
+
+    plot(tyro.cli(PlotArgs, args=argv, prog="fleetrl plot"))
+
+
+COMMANDS = {"train": _train, "eval": _eval, "benchmark": _benchmark, "plot": _plot}
 
 
 def main(argv: list[str] | None = None) -> None:

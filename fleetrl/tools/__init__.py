@@ -1,0 +1,1 @@
+"""Tools around training: the benchmark runner and the learning-curve plots."""

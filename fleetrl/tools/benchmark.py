@@ -1,0 +1,548 @@
+"""`fleetrl benchmark`: run one command over a grid of env ids x seeds on a pool of worker processes and
+summarise each env's final return; or write a Slurm array script that runs the same grid."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fleetrl.errors import FleetError
+
+RETURN_TAG = "charts/episodic_return"
+FINAL_POINTS = 10  # the final return is the mean of this many last episodic returns
+LOG_TAIL_LINES = 20
+STOP_GRACE_S = 10.0  # after Ctrl-C, how long runs get to exit on their own before they are killed
+RUNNER_FLAGS = ("--env-id", "--seed", "--run-dir")  # the runner appends these to every run
+
+
+@dataclass
+class BenchmarkArgs:
+    env_ids: list[str]
+    """env ids to run the command on"""
+    num_seeds: int = 3
+    """seeds per env id: start-seed, start-seed + 1, ..."""
+    start_seed: int = 1
+    """the first seed"""
+    workers: int = 1
+    """runs at the same time; each gets cores / workers CPU threads"""
+    out: str | None = None
+    """output folder: run folders, logs/, status/, summary.csv, summary.md [runs/benchmark_{timestamp}];
+    give the same folder again to skip the runs that already finished"""
+    slurm_template: bool = False
+    """write OUT/benchmark.slurm (a Slurm job array, one task per env x seed) instead of running here"""
+    slurm_cpus_per_task: int = 1
+    """with --slurm-template: CPU cores each array task asks for (and uses as its thread count)"""
+
+
+DESCRIPTION = """Run a command for every env id x seed, several at a time, then summarise the final returns.
+
+    fleetrl benchmark --env-ids CartPole-v1 Acrobot-v1 --num-seeds 3 --workers 2 -- fleetrl train ppo --total-timesteps 100000
+
+Everything after `--` is the command; the runner appends `--env-id E --seed S --run-dir OUT/E__S` to it.
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    env_id: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """The run's folder, log and status name: ``{env}__{seed}``, with '/' and ':' made path-safe."""
+        return f"{self.env_id.replace('/', '-').replace(':', '-')}__{self.seed}"
+
+
+@dataclass
+class Result:
+    run: Run
+    returncode: int
+    wall_s: float
+    skipped: bool = False  # finished in an earlier call with the same --out
+    final_return: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+# ---- the command each run executes ------------------------------------------------------------
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The runner's own flags, and the base command after the first ``--``."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def resolve_command(base: list[str]) -> list[str]:
+    """A leading ``fleetrl`` runs as ``python -m fleetrl`` with this interpreter, so it works from a venv
+    whose scripts are not on PATH; any other command runs as given."""
+    if base and base[0] == "fleetrl":
+        return [sys.executable, "-m", "fleetrl", *base[1:]]
+    return list(base)
+
+
+def is_fleetrl_train(base: list[str]) -> bool:
+    return base[:2] == ["fleetrl", "train"] or base[1:4] == ["-m", "fleetrl", "train"]
+
+
+def has_flag(command: list[str], flag: str) -> bool:
+    return any(token == flag or token.startswith(flag + "=") for token in command)
+
+
+def train_extras(base: list[str], threads: str) -> list[str]:
+    """Flags added to a `fleetrl train` command: a thread count that fits the pool, and `--resume auto`
+    so a run interrupted earlier continues from its newest checkpoint instead of mixing two curves."""
+    if not is_fleetrl_train(base):
+        return []
+    extras = [] if has_flag(base, "--torch-threads") else ["--torch-threads", threads]
+    return extras + ([] if has_flag(base, "--resume") else ["--resume", "auto"])
+
+
+def run_command(base: list[str], run: Run, out: Path, threads: int) -> list[str]:
+    return [*resolve_command(base), *train_extras(base, str(threads)), "--env-id", run.env_id, "--seed", str(run.seed), "--run-dir", str(out / run.name)]
+
+
+def available_cores() -> int:
+    # the cores this process may use (taskset, cgroups), not the machine's total
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """Each worker's BLAS/OpenMP pools sized to its share of the cores: N runs that each take every core
+    slow each other down several times over."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+# ---- per-run status, so a rerun skips what finished ---------------------------------------------
+
+
+def status_path(out: Path, run: Run) -> Path:
+    return out / "status" / f"{run.name}.json"
+
+
+def read_status(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # missing, or cut short by a crash: the run is simply run again
+
+
+def write_status(path: Path, status: dict) -> None:
+    """Write then rename: a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(json.dumps(status) + "\n")
+    os.replace(tmp, path)
+
+
+# ---- reading results back ----------------------------------------------------------------------
+
+
+def final_return(run_dir: Path, last: int = FINAL_POINTS) -> float | None:
+    """Mean of the last ``last`` episodic returns the run logged, or None if it logged none."""
+    if not run_dir.is_dir():
+        return None
+    from fleetrl.monitor.tbread import read_scalars  # tensorboard is slow to import; only when needed
+
+    points = read_scalars(run_dir, RETURN_TAG)
+    return float(np.mean([p.value for p in points[-last:]])) if points else None
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))  # a long log's end is all we need
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    # a live progress bar rewrites its line with '\r'; keep the last state of each line
+    return [line.rsplit("\r", 1)[-1] for line in text.splitlines()[-lines:]]
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+# ---- running the grid ---------------------------------------------------------------------------
+
+
+def plan(args: BenchmarkArgs) -> list[Run]:
+    if not args.env_ids:
+        raise FleetError("--env-ids needs at least one env id, e.g. --env-ids CartPole-v1 Acrobot-v1")
+    for name, value in (("num-seeds", args.num_seeds), ("workers", args.workers), ("slurm-cpus-per-task", args.slurm_cpus_per_task)):
+        if value < 1:
+            raise FleetError(f"--{name} must be at least 1, got {value}.")
+    runs = [Run(env_id, args.start_seed + i) for env_id in dict.fromkeys(args.env_ids) for i in range(args.num_seeds)]
+    names = [run.name for run in runs]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise FleetError(f"These env ids map to the same folder name {clash}: '/' and ':' become '-'. Run them in separate benchmarks.")
+    return runs
+
+
+def check_command(base: list[str]) -> None:
+    if not base:
+        raise FleetError(
+            "`fleetrl benchmark` needs the command to run after `--`, e.g. "
+            "fleetrl benchmark --env-ids CartPole-v1 --num-seeds 3 -- fleetrl train ppo --total-timesteps 100000"
+        )
+    given = [flag for flag in RUNNER_FLAGS if has_flag(base, flag)]
+    if given:
+        raise FleetError(f"Remove {', '.join(given)} from the command after `--`: the runner appends --env-id, --seed and --run-dir to each run itself.")
+
+
+def finished_runs(runs: list[Run], out: Path, base: list[str]) -> set[Run]:
+    """The runs an earlier call with this --out finished; refuses an --out that holds another command's runs."""
+    done = set()
+    for run in runs:
+        status = read_status(status_path(out, run))
+        if not status or not status.get("ok"):
+            continue
+        if status.get("command") != base:
+            raise FleetError(
+                f"{out} already holds a finished run ({run.name}) of another command: {shlex.join(status.get('command') or [])!r}, "
+                f"not {shlex.join(base)!r}. Use a new --out, or delete {status_path(out, run)} to run it again."
+            )
+        done.add(run)
+    return done
+
+
+def execute(run: Run, base: list[str], out: Path, threads: int, stop: threading.Event, running: dict[Run, subprocess.Popen], lock: threading.Lock) -> Result | None:
+    """One run in a subprocess, its stdout and stderr in OUT/logs/{name}.log; None if the benchmark was stopped first."""
+    if stop.is_set():
+        return None
+    command = run_command(base, run, out, threads)
+    log_path = out / "logs" / f"{run.name}.log"
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write(f"$ {shlex.join(command)}\n")  # the exact command, to rerun one run by hand
+        log.flush()
+        try:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(threads))
+        except OSError as exc:
+            log.write(f"fleetrl benchmark: could not start the command: {exc}\n")
+            returncode = 127  # the shell's code for a command that cannot run
+        else:
+            with lock:
+                running[run] = proc
+            if stop.is_set():  # stopped while this run was starting
+                proc.terminate()
+            returncode = proc.wait()
+            with lock:
+                running.pop(run, None)
+    wall_s = time.perf_counter() - start
+    write_status(status_path(out, run), {"env_id": run.env_id, "seed": run.seed, "ok": returncode == 0, "returncode": returncode, "wall_s": round(wall_s, 3), "command": base})
+    return Result(run, returncode, wall_s)
+
+
+def stop_runs(running: dict[Run, subprocess.Popen], lock: threading.Lock) -> None:
+    """Ctrl-C: the runs get SIGTERM, a grace period to exit on their own, then SIGKILL."""
+    with lock:
+        procs = list(running.values())
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run_grid(runs: list[Run], base: list[str], out: Path, workers: int, threads: int) -> list[Result]:
+    stop, lock = threading.Event(), threading.Lock()
+    running: dict[Run, subprocess.Popen] = {}
+    results: list[Result] = []
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="benchmark")
+    futures = [pool.submit(execute, run, base, out, threads, stop, running, lock) for run in runs]
+    # a scheduler or `kill` stops the runner with SIGTERM: end the runs as Ctrl-C does, never orphan them
+    in_main = threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if in_main else None
+    try:
+        for done, future in enumerate(as_completed(futures), 1):
+            result = future.result()
+            result.final_return = final_return(out / result.run.name) if result.ok else None
+            results.append(result)
+            print(f"[{done}/{len(runs)}] {progress_line(result, out)}", flush=True)
+    except KeyboardInterrupt:
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_runs(running, lock)
+        raise
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    pool.shutdown()
+    return results
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def progress_line(result: Result, out: Path) -> str:
+    run = result.run
+    if result.ok:
+        shown = "no episodes logged" if result.final_return is None else f"final return {result.final_return:.2f}"
+        return f"ok      {run.env_id} seed {run.seed}: {shown} ({result.wall_s:.1f}s)"
+    return f"FAILED  {run.env_id} seed {run.seed}: {describe_exit(result.returncode)} after {result.wall_s:.1f}s; log: {out / 'logs' / f'{run.name}.log'}"
+
+
+def skipped_result(run: Run, out: Path) -> Result:
+    status = read_status(status_path(out, run)) or {}
+    return Result(run, 0, float(status.get("wall_s", float("nan"))), skipped=True, final_return=final_return(out / run.name))
+
+
+# ---- the summary --------------------------------------------------------------------------------
+
+
+def summarise(env_ids: list[str], results: list[Result]) -> list[dict]:
+    """One row per env: final return mean and std over the seeds that logged one (std over seeds,
+    as CleanRL's reports compute it), ok and failed seed counts, mean wall time of the ok runs."""
+    rows = []
+    for env_id in dict.fromkeys(env_ids):
+        mine = [r for r in results if r.run.env_id == env_id]
+        ok = [r for r in mine if r.ok]
+        returns = [r.final_return for r in ok if r.final_return is not None]
+        walls = [r.wall_s for r in (ok or mine) if np.isfinite(r.wall_s)]
+        rows.append(
+            {
+                "env_id": env_id,
+                "final_return_mean": float(np.mean(returns)) if returns else None,
+                "final_return_std": float(np.std(returns)) if returns else None,
+                "seeds_with_return": len(returns),
+                "seeds_ok": len(ok),
+                "seeds_failed": len(mine) - len(ok),
+                "wall_s_mean": float(np.mean(walls)) if walls else None,
+            }
+        )
+    return rows
+
+
+SUMMARY_HEADER = ["env", "final return (mean ± std)", "seeds ok", "seeds failed", "wall time (mean)"]
+
+
+def summary_cells(rows: list[dict]) -> list[list[str]]:
+    cells = []
+    for row in rows:
+        if row["final_return_mean"] is None:
+            shown = "-"
+        else:
+            shown = f"{row['final_return_mean']:.2f} ± {row['final_return_std']:.2f}"
+            if row["seeds_with_return"] < row["seeds_ok"]:
+                shown += f" ({row['seeds_with_return']} seeds)"
+        wall = "-" if row["wall_s_mean"] is None else f"{row['wall_s_mean']:.1f}s"
+        cells.append([row["env_id"], shown, str(row["seeds_ok"]), str(row["seeds_failed"]), wall])
+    return cells
+
+
+def markdown_table(header: list[str], cells: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
+
+
+def print_summary(rows: list[dict]) -> None:
+    """A rich table on a terminal; the same table as plain markdown text in a log or a pipe."""
+    cells = summary_cells(rows)
+    if not sys.stdout.isatty():
+        print(markdown_table(SUMMARY_HEADER, cells), flush=True)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="fleetrl benchmark")
+    for i, column in enumerate(SUMMARY_HEADER):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in cells:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def failure_report(result: Result, out: Path) -> str:
+    run, log_path = result.run, out / "logs" / f"{result.run.name}.log"
+    tail = log_tail(log_path)
+    lines = [f"FAILED {run.env_id} seed {run.seed}: {describe_exit(result.returncode)} after {result.wall_s:.1f}s. Log: {log_path}"]
+    lines.append(f"  last {len(tail)} lines of the log:")
+    return "\n".join(lines + [f"  | {line}" for line in tail])
+
+
+def write_summaries(out: Path, base: list[str], rows: list[dict], results: list[Result]) -> None:
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else round(v, 3) if isinstance(v, float) else v for k, v in row.items()} for row in rows)
+    run_cells = [
+        [
+            r.run.env_id,
+            str(r.run.seed),
+            ("ok (earlier)" if r.skipped else "ok") if r.ok else describe_exit(r.returncode),
+            "-" if r.final_return is None else f"{r.final_return:.2f}",
+            f"{r.wall_s:.1f}s" if np.isfinite(r.wall_s) else "-",
+            f"logs/{r.run.name}.log",
+        ]
+        for r in sorted(results, key=lambda r: (r.run.env_id, r.run.seed))
+    ]
+    parts = [
+        f"# fleetrl benchmark: {out.name}",
+        f"Command: `{shlex.join(base)}`; final return = mean of the last {FINAL_POINTS} `{RETURN_TAG}` points of each run, then mean ± std over seeds.",
+        markdown_table(SUMMARY_HEADER, summary_cells(rows)),
+        "## Runs",
+        markdown_table(["env", "seed", "status", "final return", "wall time", "log"], run_cells),
+    ]
+    failed = [r for r in results if not r.ok]
+    if failed:
+        parts += ["## Failed runs"] + ["```\n" + failure_report(r, out) + "\n```" for r in failed]
+    (out / "summary.md").write_text("\n\n".join(parts) + "\n")
+
+
+class BenchmarkFailed(FleetError):
+    """Some runs failed; the others finished and are in the summary."""
+
+    exit_code = 1
+
+
+def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
+    """Run (or, with --slurm-template, script) every env x seed; returns the results of this call and earlier ones."""
+    check_command(base)
+    runs = plan(args)
+    out = Path(args.out or os.path.join("runs", f"benchmark_{int(time.time())}"))
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    if args.slurm_template:
+        path = write_slurm_script(out, base, runs, args.slurm_cpus_per_task)
+        envs = len(set(r.env_id for r in runs))
+        print(f"wrote {path}: a Slurm job array of {plural(len(runs), 'task')} ({plural(envs, 'env')} x {plural(args.num_seeds, 'seed')}).")
+        print(f"submit it with: sbatch {path}")
+        print(f"afterwards, this command without --slurm-template and with --out {out} collects the summary (finished runs are skipped).")
+        return []
+
+    done = finished_runs(runs, out, base)
+    todo = [run for run in runs if run not in done]
+    threads = max(1, available_cores() // args.workers)
+    envs = len(set(r.env_id for r in runs))
+    print(
+        f"fleetrl benchmark: {plural(len(runs), 'run')} ({plural(envs, 'env')} x {plural(args.num_seeds, 'seed')}), {len(todo)} to run "
+        f"on {plural(args.workers, 'worker')} with {plural(threads, 'thread')} each; output in {out}",
+        flush=True,
+    )
+    for run in runs:
+        if run in done:
+            print(f"skipped {run.env_id} seed {run.seed}: finished in an earlier call ({status_path(out, run)})", flush=True)
+    results = [skipped_result(run, out) for run in runs if run in done] + run_grid(todo, base, out, args.workers, threads)
+
+    rows = summarise(args.env_ids, results)
+    print()
+    print_summary(rows)
+    write_summaries(out, base, rows, results)
+    print(f"\nsummary: {out / 'summary.csv'}, {out / 'summary.md'}")
+    failed = [r for r in results if not r.ok]
+    if failed:
+        print()
+        for result in failed:
+            print(failure_report(result, out) + "\n", flush=True)
+        raise BenchmarkFailed(
+            f"{len(failed)} of {len(results)} runs failed (reports above; logs in {out / 'logs'}). "
+            + ("The others finished. " if len(failed) < len(results) else "")
+            + f"Fix the cause and run the same command with --out {out}: finished runs are skipped."
+        )
+    return results
+
+
+# ---- Slurm --------------------------------------------------------------------------------------
+
+SLURM_SCRIPT = """#!/bin/bash
+# fleetrl benchmark as a Slurm job array: {n} tasks, one per env x seed. Submit with: sbatch {script}
+# A task skips a run that already finished. When the array is done, the same `fleetrl benchmark`
+# command without --slurm-template and with --out {out} writes the summary.
+#SBATCH --job-name=fleetrl-benchmark
+#SBATCH --array=0-{last}
+#SBATCH --cpus-per-task={cpus}
+#SBATCH --output={out}/logs/slurm_%A_%a.out
+set -u
+: "${{SLURM_ARRAY_TASK_ID:?not set: submit with sbatch, or set SLURM_ARRAY_TASK_ID=0..{last} to run one task by hand}}"
+
+# task i runs ENV_IDS[i] with SEEDS[i] in the folder NAMES[i]
+ENV_IDS=({env_ids})
+SEEDS=({seeds})
+NAMES=({names})
+ENV_ID=${{ENV_IDS[$SLURM_ARRAY_TASK_ID]}}
+SEED=${{SEEDS[$SLURM_ARRAY_TASK_ID]}}
+NAME=${{NAMES[$SLURM_ARRAY_TASK_ID]}}
+
+OUT={out_q}
+LOG="$OUT/logs/$NAME.log"
+STATUS="$OUT/status/$NAME.json"
+THREADS=${{SLURM_CPUS_PER_TASK:-{cpus}}}
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+mkdir -p "$OUT/logs" "$OUT/status"
+
+if grep -q '"ok": true' "$STATUS" 2>/dev/null; then
+    echo "skipped $ENV_ID seed $SEED: finished earlier ($STATUS)"
+    exit 0
+fi
+
+CMD=({command} --env-id "$ENV_ID" --seed "$SEED" --run-dir "$OUT/$NAME")
+START=$(date +%s.%N)
+echo "\\$ ${{CMD[*]}}" > "$LOG"
+"${{CMD[@]}}" >> "$LOG" 2>&1
+RC=$?
+WALL=$(awk -v s="$START" -v e="$(date +%s.%N)" 'BEGIN {{ printf "%.3f", e - s }}')
+OK=$([ "$RC" -eq 0 ] && echo true || echo false)
+# the same status file the local runner writes, written then renamed so it is never half there
+printf '{{"env_id": "%s", "seed": %s, "ok": %s, "returncode": %s, "wall_s": %s, "command": %s}}\\n' \\
+    "$ENV_ID" "$SEED" "$OK" "$RC" "$WALL" {command_json} > "$STATUS.tmp.$$" && mv -f "$STATUS.tmp.$$" "$STATUS"
+echo "$ENV_ID seed $SEED: exit code $RC after ${{WALL}}s; log: $LOG"
+exit $RC
+"""
+
+
+def write_slurm_script(out: Path, base: list[str], runs: list[Run], cpus: int) -> Path:
+    out = out.resolve()  # array tasks may start in another working directory
+    command = [shlex.quote(token) for token in resolve_command(base)]
+    if base[0] == "fleetrl":
+        # the compute nodes usually share this filesystem; FLEETRL_PYTHON points elsewhere if not
+        command[0] = f'"${{FLEETRL_PYTHON:-{sys.executable}}}"'
+    command += train_extras(base, '"$THREADS"')
+    path = out / "benchmark.slurm"
+    path.write_text(
+        SLURM_SCRIPT.format(
+            n=len(runs),
+            last=len(runs) - 1,
+            cpus=cpus,
+            script=shlex.quote(str(path)),
+            out=out,
+            out_q=shlex.quote(str(out)),
+            env_ids=" ".join(shlex.quote(r.env_id) for r in runs),
+            seeds=" ".join(str(r.seed) for r in runs),
+            names=" ".join(shlex.quote(r.name) for r in runs),
+            command=" ".join(command),
+            command_json=shlex.quote(json.dumps(base)),
+        )
+    )
+    path.chmod(0o755)
+    return path

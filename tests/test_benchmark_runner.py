@@ -1,0 +1,130 @@
+"""`fleetrl benchmark`: real runs on a worker pool, failures reported not dropped, reruns skip finished runs,
+and the Slurm array script runs the same grid."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fleetrl.errors import FleetError
+from fleetrl.tools.benchmark import Run, check_command, run_command, split_command
+
+from conftest import run_fleetrl
+
+TINY_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "1024"]
+# a command that only prints the arguments the runner appended, so the grid costs no training
+ECHO = [sys.executable, "-c", "import sys; print('ARGS', ' '.join(sys.argv[1:]))"]
+
+
+def summary_rows(out):
+    with open(out / "summary.csv") as f:
+        return {row["env_id"]: row for row in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_failed_run_is_reported_with_exit_code_and_log_tail_and_the_others_finish_then_a_rerun_skips_them(tmp_path):
+    out = tmp_path / "bench"
+    args = ["benchmark", "--env-ids", "CartPole-v1", "NoSuchEnv-v9", "--num-seeds", "1", "--workers", "2", "--out", str(out), "--", *TINY_TRAIN]
+    proc = run_fleetrl(*args, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "Traceback" not in proc.stderr
+    assert "FAILED NoSuchEnv-v9 seed 1: exit code 2" in output
+    assert "Unknown --env-id 'NoSuchEnv-v9'" in output  # the tail of the failed run's log is shown
+    assert "1 of 2 runs failed" in proc.stderr
+
+    rows = summary_rows(out)
+    assert float(rows["CartPole-v1"]["final_return_mean"]) > 0 and rows["CartPole-v1"]["seeds_ok"] == "1"
+    assert rows["NoSuchEnv-v9"]["final_return_mean"] == "" and rows["NoSuchEnv-v9"]["seeds_failed"] == "1"
+    assert "## Failed runs" in (out / "summary.md").read_text()
+    log = out / "logs" / "CartPole-v1__1.log"
+    first_line = log.read_text().splitlines()[0]
+    # the exact command, with what the runner appended: one thread per worker on this pool
+    for part in ("-m fleetrl train ppo", "--env-id CartPole-v1", "--seed 1", f"--run-dir {out / 'CartPole-v1__1'}", "--torch-threads"):
+        assert part in first_line, first_line
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "CartPole-v1__1"))
+
+    log_stat = log.stat()
+    rerun = run_fleetrl(*args, timeout=300)
+    assert rerun.returncode != 0  # the bad env fails again
+    assert "skipped CartPole-v1 seed 1" in rerun.stdout
+    assert log.stat().st_mtime_ns == log_stat.st_mtime_ns and log.stat().st_size == log_stat.st_size
+    assert summary_rows(out)["CartPole-v1"]["final_return_mean"] == rows["CartPole-v1"]["final_return_mean"]
+
+
+def test_slurm_template_maps_array_tasks_to_env_ids_and_seeds_and_its_runs_count_as_finished(tmp_path):
+    out = tmp_path / "bench"
+    flags = ["--env-ids", "CartPole-v1", "ALE/Pong-v5", "--num-seeds", "3", "--start-seed", "4", "--out", str(out)]
+    proc = run_fleetrl("benchmark", *flags, "--slurm-template", "--", *ECHO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    script = out / "benchmark.slurm"
+    assert str(script) in proc.stdout
+    text = script.read_text()
+    assert "#SBATCH --array=0-5\n" in text
+    assert "ENV_IDS=(CartPole-v1 CartPole-v1 CartPole-v1 ALE/Pong-v5 ALE/Pong-v5 ALE/Pong-v5)" in text
+    assert "SEEDS=(4 5 6 4 5 6)" in text
+    assert "ALE-Pong-v5__5" in text  # the path-safe folder name
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+    # run array task 4 by hand, as Slurm would: ALE/Pong-v5 with seed 5
+    task = subprocess.run(["bash", str(script)], env={**os.environ, "SLURM_ARRAY_TASK_ID": "4"}, capture_output=True, text=True, timeout=60)
+    assert task.returncode == 0, task.stdout + task.stderr
+    log = (out / "logs" / "ALE-Pong-v5__5.log").read_text()
+    assert f"ARGS --env-id ALE/Pong-v5 --seed 5 --run-dir {out}/ALE-Pong-v5__5" in log
+    status = json.loads((out / "status" / "ALE-Pong-v5__5.json").read_text())
+    assert status["ok"] is True and status["seed"] == 5 and status["command"] == ECHO
+
+    # the local runner reads the status the array task wrote, and runs only the other five
+    local = run_fleetrl("benchmark", *flags, "--workers", "2", "--", *ECHO, timeout=120)
+    assert local.returncode == 0, local.stdout + local.stderr
+    assert "skipped ALE/Pong-v5 seed 5" in local.stdout and "5 to run" in local.stdout
+    assert (out / "logs" / "CartPole-v1__6.log").read_text().count("ARGS --env-id CartPole-v1 --seed 6") == 1
+    rows = summary_rows(out)
+    assert rows["ALE/Pong-v5"]["seeds_ok"] == "3" and rows["CartPole-v1"]["seeds_ok"] == "3"
+
+
+def test_a_command_that_cannot_start_is_a_failed_run_not_a_crash(tmp_path):
+    out = tmp_path / "bench"
+    proc = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--out", str(out), "--", "no-such-program-xyz", timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.count("exit code 127") >= 2
+    assert "could not start the command" in proc.stdout
+    assert summary_rows(out)["CartPole-v1"]["seeds_failed"] == "2"
+
+
+def test_bad_benchmark_input_is_a_clear_error(tmp_path):
+    no_command = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", timeout=60)
+    assert no_command.returncode == 2 and "needs the command to run after `--`" in no_command.stderr
+    seeded = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--out", str(tmp_path / "b"), "--", "fleetrl", "train", "ppo", "--seed", "3", timeout=60)
+    assert seeded.returncode == 2 and "Remove --seed" in seeded.stderr
+    zero = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--workers", "0", "--", *ECHO, timeout=60)
+    assert zero.returncode == 2 and "--workers must be at least 1" in zero.stderr
+    for stderr in (no_command.stderr, seeded.stderr, zero.stderr):
+        assert "Traceback" not in stderr
+
+
+def test_a_different_command_in_the_same_out_folder_is_refused(tmp_path):
+    out = tmp_path / "bench"
+    first = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--", *ECHO, timeout=60)
+    assert first.returncode == 0, first.stderr
+    other = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--", *ECHO, "extra", timeout=60)
+    assert other.returncode == 2 and "of another command" in other.stderr and "Use a new --out" in other.stderr
+
+
+def test_fleetrl_runs_with_this_interpreter_and_gets_threads_resume_and_the_run_flags(tmp_path):
+    run = Run("ALE/Breakout-v5", 7)
+    assert run.name == "ALE-Breakout-v5__7" and Run("mypkg.envs:My-v0", 1).name == "mypkg.envs-My-v0__1"
+    command = run_command(["fleetrl", "train", "ppo", "--total-timesteps", "10"], run, tmp_path, threads=3)
+    assert command[:3] == [sys.executable, "-m", "fleetrl"]
+    assert command[3:] == ["train", "ppo", "--total-timesteps", "10", "--torch-threads", "3", "--resume", "auto",
+                           "--env-id", "ALE/Breakout-v5", "--seed", "7", "--run-dir", str(tmp_path / "ALE-Breakout-v5__7")]  # fmt: skip
+    given = run_command(["fleetrl", "train", "ppo", "--torch-threads=2"], run, tmp_path, threads=3)
+    assert given.count("--torch-threads") == 0 and "--torch-threads=2" in given
+    other = run_command(["python", "my_ppo.py"], run, tmp_path, threads=3)
+    assert other[:2] == ["python", "my_ppo.py"] and "--torch-threads" not in other
+    assert split_command(["--env-ids", "A", "--", "fleetrl", "train", "--", "x"]) == (["--env-ids", "A"], ["fleetrl", "train", "--", "x"])
+    with pytest.raises(FleetError):
+        check_command(["fleetrl", "train", "ppo", "--run-dir=x"])
