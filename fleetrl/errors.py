@@ -17,6 +17,19 @@ class NonFiniteLossError(FleetError):
     exit_code = 3
 
 
+class EnvWorkerError(FleetError):
+    """An environment raised inside a vector worker process, or the worker died.
+
+    The message names the env index, its env id and the worker, and carries the worker's traceback
+    text, since the CLI prints FleetErrors without a (parent-side) traceback.
+    """
+
+    def __init__(self, message: str, env_index: int | None = None, worker_index: int | None = None):
+        super().__init__(message)
+        self.env_index = env_index
+        self.worker_index = worker_index
+
+
 # extra name -> the pip packages it installs (kept in step with pyproject.toml)
 EXTRAS = {
     "atari": "ale-py opencv-python-headless",
