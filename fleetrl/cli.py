@@ -1,4 +1,4 @@
-"""`fleetrl <command>`: train, eval.
+"""`fleetrl <command>`: train, eval, bench-env, benchmark, plot.
 
     fleetrl train ppo --env-id CartPole-v1
     fleetrl eval runs/CartPole-v1__ppo__1__1700000000 --episodes 10
@@ -21,8 +21,10 @@ USAGE = """usage: fleetrl <command> [flags]
 commands:
   train ALGO [flags]   train an algorithm (ALGO: {algos}); `fleetrl train ppo --help` lists its flags
   eval CHECKPOINT      evaluate a checkpoint or run folder; `fleetrl eval --help`
+  bench-env            env throughput per backend and number of envs; what `auto` picks; `fleetrl bench-env --help`
   benchmark -- CMD     run CMD for env ids x seeds on a worker pool, then summarise; `fleetrl benchmark --help`
   plot PATHS -o FILE   learning curves (mean ± std over seeds, a panel per env) of the runs under PATHS; `fleetrl plot --help`
+  preflight            check CPU cores, GPU and driver, env throughput before a long run; `fleetrl preflight --help`
 """
 
 
@@ -56,7 +58,19 @@ def _plot(argv: list[str]) -> None:
     plot(tyro.cli(PlotArgs, args=argv, prog="fleetrl plot"))
 
 
-COMMANDS = {"train": _train, "eval": _eval, "benchmark": _benchmark, "plot": _plot}
+def _bench_env(argv: list[str]) -> None:
+    from fleetrl.tools.bench_env import BenchEnvArgs, bench_env
+
+    bench_env(tyro.cli(BenchEnvArgs, args=argv, prog="fleetrl bench-env"))
+
+
+def _preflight(argv: list[str]) -> None:
+    from fleetrl.tools.preflight import PreflightArgs, preflight
+
+    preflight(tyro.cli(PreflightArgs, args=argv, prog="fleetrl preflight"))
+
+
+COMMANDS = {"train": _train, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "plot": _plot, "preflight": _preflight}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,6 +35,7 @@ EXTRAS = {
     "atari": "ale-py opencv-python-headless",
     "mujoco": "mujoco imageio",
     "envpool": "envpool",
+    "video": "imageio imageio-ffmpeg pygame",
     "tune": "optuna",
     "track": "wandb",
 }

@@ -28,6 +28,8 @@ class EvalArgs:
     """vector backend for the evaluation env"""
     json: bool = False
     """print the result as JSON"""
+    capture_video: bool = False
+    """record every evaluation episode as MP4 next to the checkpoint's run (`videos_eval`)"""
 
 
 def evaluate(args: EvalArgs) -> dict:
@@ -39,7 +41,9 @@ def evaluate(args: EvalArgs) -> dict:
     runtime.set_torch_threads(None)
     algo = importlib.import_module(f"fleetrl.algos.{state.get('algo', 'ppo')}")
     # one env, without the training-only wrappers (episodic life, reward clipping)
-    envs = make_vector_env(train_args["env_id"], 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"))
+    video_dir = str(checkpoint.resolve_checkpoint(args.checkpoint).parent.parent / "videos_eval") if args.capture_video else None
+    envs = make_vector_env(train_args["env_id"], 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"),
+                           video_dir=video_dir, every_episode=True)
     policy = algo.policy_from_checkpoint(state, envs, deterministic=not args.stochastic)
     returns, lengths = [], []
     obs, _ = envs.reset(seed=args.seed)

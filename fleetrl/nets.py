@@ -57,6 +57,39 @@ class NatureCNN(nn.Module):
         return self.net(x.float() / 255.0)
 
 
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """The IMPALA CNN of CleanRL's ppo_procgen.py: three conv/max-pool/2-residual stages (16, 32, 32)
+    over uint8 images (CHW, or HWC which is transposed), ending in 256 ReLU features."""
+
+    out_dim = 256
+
+    def __init__(self, obs_shape: tuple[int, ...]):
+        super().__init__()
+        self.channels_last = obs_shape[-1] in (1, 3, 4) and obs_shape[0] not in (1, 3, 4)
+        c, h, w = (obs_shape[2], obs_shape[0], obs_shape[1]) if self.channels_last else obs_shape
+        stages: list[nn.Module] = []
+        for out_channels in (16, 32, 32):
+            stages += [nn.Conv2d(c, out_channels, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                       _ResidualBlock(out_channels), _ResidualBlock(out_channels)]
+            c, h, w = out_channels, (h + 1) // 2, (w + 1) // 2
+        self.net = nn.Sequential(*stages, nn.Flatten(), nn.ReLU(), layer_init(nn.Linear(c * h * w, self.out_dim)), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.net(x.float() / 255.0)
+
+
 # --- categorical (discrete actions) ---------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ arguments with the flags given again; fill the env family's defaults; validate; 
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -70,6 +71,11 @@ class Run:
         runtime.set_torch_threads(args.torch_threads, dist.local_world_size)
         run.device = dist.device if dist.enabled else runtime.pick_device(args.cuda, warn="cuda" in explicit and dist.is_main)
         return run
+
+    @property
+    def cores(self) -> int:
+        """The CPU cores this process may use: the machine's share for each process on it."""
+        return max(1, (os.cpu_count() or 1) // self.dist.local_world_size)
 
     @property
     def seed(self) -> int:

@@ -55,3 +55,27 @@ class CountingEnv(gym.Env):
 
 
 gym.register("Counting-v0", entry_point=CountingEnv)
+
+
+class BusyEnv(gym.Env):
+    """A pure-Python env whose step is a ~300 us busy loop (not a sleep): expensive enough for workers."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        import time
+
+        end = time.perf_counter() + 300e-6
+        while time.perf_counter() < end:
+            pass
+        self.t += 1
+        return np.zeros(4, np.float32), 1.0, False, self.t >= 50, {}
+
+
+gym.register("Busy-v0", entry_point=BusyEnv)

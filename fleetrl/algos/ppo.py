@@ -24,9 +24,10 @@ from fleetrl import checkpoint, config
 from fleetrl.distributed import Dist
 from fleetrl.envs import episode_stats, make_vector_env
 from fleetrl.errors import FleetError, NonFiniteLossError
-from fleetrl.monitor import Logger, PhaseTimer, Progress, TrainResult
+from fleetrl.monitor import Logger, PhaseTimer, Progress, ResourceSampler, TrainResult, describe_usage
 from fleetrl.run import Run
 from fleetrl.nets import (
+    ImpalaCNN,
     NatureCNN,
     categorical_logprob_entropy,
     categorical_sample,
@@ -52,6 +53,14 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "fleetrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (check out `videos` folder)"""
 
     # Algorithm specific arguments; None means "the default for the env family" (see FAMILY_DEFAULTS)
     env_id: str = "CartPole-v1"
@@ -66,8 +75,8 @@ class Args:
     """the number of steps to run in each environment per policy rollout [128; MuJoCo 2048]"""
     anneal_lr: bool = True
     """Toggle learning rate annealing for policy and value networks"""
-    gamma: float = 0.99
-    """the discount factor gamma"""
+    gamma: float | None = None
+    """the discount factor gamma [0.99; Procgen 0.999]"""
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int | None = None
@@ -90,8 +99,10 @@ class Args:
     """the target KL divergence threshold"""
 
     # fleetrl: engine settings
-    env_backend: str = "sync"
-    """vector backend: sync (in-process) or gym-sync (gymnasium's SyncVectorEnv)"""
+    env_backend: str = "auto"
+    """vector backend: auto (chosen and explained at start), sync, async (worker processes), ale, envpool, gym-sync"""
+    async_batch: int | None = None
+    """async backend: return the first K ready envs (PPO needs all: K = --num-envs, the default)"""
     sticky_actions: float | None = None
     """Atari sticky-action probability [0 for NoFrameskip-v4 ids, 0.25 for ALE/...-v5]"""
     run_dir: str | None = None
@@ -116,7 +127,10 @@ FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.
     "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
     "atari": dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01),
     "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0),
+    "procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, num_minibatches=8, update_epochs=3, clip_coef=0.2, ent_coef=0.01, gamma=0.999),
 }
+for _defaults in FAMILY_DEFAULTS.values():
+    _defaults.setdefault("gamma", 0.99)
 
 
 def validate(args: Args) -> None:
@@ -131,6 +145,11 @@ def validate(args: Args) -> None:
             f"into --num-minibatches {args.num_minibatches}. Choose --num-minibatches that divides {batch_size}, "
             f"or change --num-envs/--num-steps."
         )
+    if args.async_batch is not None and args.async_batch != args.num_envs:
+        raise FleetError(
+            f"PPO steps every env each step, so --async-batch must equal --num-envs ({args.num_envs}), got {args.async_batch}. "
+            f"Leave --async-batch out; returning the first K ready envs is for `fleetrl bench-env` until sampling overlaps learning."
+        )
     if args.total_timesteps < batch_size:
         raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size}); raise it.")
 
@@ -138,16 +157,16 @@ def validate(args: Args) -> None:
 # ============================================================================ networks
 class Agent(nn.Module):
     """Actor-critic. Vector observations: separate 64-64 tanh MLPs for actor and critic.
-    Images (Atari): a shared Nature CNN. Continuous actions: a Gaussian with a state-independent log-std."""
+    Images: a shared Nature CNN (Atari) or IMPALA CNN (Procgen). Continuous actions: a Gaussian with a state-independent log-std."""
 
-    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space):
+    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, impala: bool = False):
         super().__init__()
         self.continuous = isinstance(action_space, gym.spaces.Box)
         num_outputs = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
         if len(obs_shape) == 3:
-            self.trunk: nn.Module = NatureCNN(obs_shape[0])
-            self.actor = layer_init(nn.Linear(NatureCNN.out_dim, num_outputs), std=0.01)
-            self.critic = layer_init(nn.Linear(NatureCNN.out_dim, 1), std=1.0)
+            self.trunk: nn.Module = ImpalaCNN(obs_shape) if impala else NatureCNN(obs_shape[0])
+            self.actor = layer_init(nn.Linear(self.trunk.out_dim, num_outputs), std=0.01)
+            self.critic = layer_init(nn.Linear(self.trunk.out_dim, 1), std=1.0)
         else:
             self.trunk = nn.Identity()
             self.actor = mlp(int(np.prod(obs_shape)), num_outputs, out_std=0.01)
@@ -238,9 +257,11 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     local_minibatch_size = local_batch_size // args.num_minibatches  # each rank's 1/W of a global minibatch
     num_iterations = args.total_timesteps // batch_size
 
-    envs = make_vector_env(args.env_id, run.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=family)
+    envs = make_vector_env(args.env_id, run.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions,
+                           family=family, async_batch=args.async_batch and run.local_num_envs, cores=run.cores, verbose=dist.is_main,
+                           video_dir=f"{args.run_dir}/videos" if args.capture_video and dist.is_main else None)
     obs_shape = envs.single_observation_space.shape
-    agent = Agent(obs_shape, envs.single_action_space).to(device)
+    agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
     dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
     actor = make_actor(agent, device, seed=run.seed)  # the engine's fastest exact acting path for this network
@@ -269,13 +290,16 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         return run.save_checkpoint(state)
 
     # only rank 0 writes logs; a resumed run's curves continue after its checkpoint (later points are purged)
-    logger = Logger(args.run_dir, enabled=dist.is_main, purge_step=global_step + 1 if run.resumed else None)
+    logger = Logger(args.run_dir, enabled=dist.is_main, purge_step=global_step + 1 if run.resumed else None,
+                    track=args.track, wandb_project=args.wandb_project_name, wandb_entity=args.wandb_entity, config=args)
     logger.hparams(args)
+    logger.text("env_backend", f"{envs.backend}: {envs.backend_reason}")
     if dist.is_main:
         print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps"
               f"{f' over {dist.world_size} processes' if dist.enabled else ''}; logs in {args.run_dir}", flush=True)
     progress = Progress(num_iterations * batch_size, global_step, enabled=args.progress and dist.is_main)
     timer = PhaseTimer(distributed=dist.enabled)
+    resources = ResourceSampler(enabled=dist.is_main).start()  # CPU, memory, GPU of this process tree
     dist.comm_phase = timer.comm
     result = TrainResult(args.run_dir)
 
@@ -372,12 +396,15 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 "charts/SPS_window": batch_size / timer.last_lap_seconds,
                 **perf,
             }, global_step)
-            progress.update(global_step, sps, logger.mean_recent_return)
+            usage = resources.latest()
+            logger.scalars(usage, global_step)
+            progress.update(global_step, sps, logger.mean_recent_return, extra=describe_usage(usage, perf))
             if iteration % args.checkpoint_every == 0 or iteration == num_iterations:
                 logger.flush()  # the logs up to the checkpoint survive a kill
                 last_checkpoint = save()
         digest = dist.check_replicas_identical(agent)
     finally:
+        resources.stop()
         progress.close()
         logger.close()
         envs.close()
@@ -395,7 +422,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
 # ============================================================================ evaluation
 def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     """The trained policy as ``obs -> action``, with the saved normalisation statistics frozen."""
-    agent = Agent(envs.single_observation_space.shape, envs.single_action_space)
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space, impala=state.get("family") == "procgen")
     agent.load_state_dict(state["model"])
     agent.eval()
     obs_norm = None

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 from fleetrl.envs.registry import EnvFactory, EnvFamily, env_family, env_spec
 from fleetrl.envs.vector import GymSyncVectorEnv, SyncVectorEnv, episode_stats
 from fleetrl.errors import FleetError
 
-# name -> constructor taking the list of env factories
-BACKENDS = {
-    "sync": SyncVectorEnv,  # in-process, envs stepped in turn
-    "gym-sync": GymSyncVectorEnv,  # gymnasium's SyncVectorEnv (SAME_STEP), the reference and baseline
-}
+BACKENDS = (
+    "auto",  # chosen from the family, the cores and the installed extras (fleetrl/envs/auto.py)
+    "sync",  # in-process, envs stepped in turn
+    "async",  # fleetrl's worker processes over shared memory (fleetrl/envs/shm_vector.py)
+    "ale",  # ale-py's C++ AtariVectorEnv
+    "envpool",  # EnvPool's C++ thread pool (Atari, MuJoCo, classic control, Procgen)
+    "gym-sync",  # gymnasium's SyncVectorEnv (SAME_STEP), the reference and baseline
+)
 
 
 def make_vector_env(
@@ -20,13 +25,58 @@ def make_vector_env(
     training: bool = True,
     sticky_actions: float | None = None,
     family: EnvFamily | None = None,
+    async_batch: int | None = None,
+    cores: int | None = None,
+    verbose: bool = False,
+    video_dir: str | None = None,
+    every_episode: bool = False,
 ):
-    """Build ``num_envs`` copies of ``env_id`` behind the vector interface of :mod:`fleetrl.envs.vector`."""
+    """Build ``num_envs`` copies of ``env_id`` behind the vector interface of :mod:`fleetrl.envs.vector`.
+
+    ``cores``: the CPU cores this process may use (under torchrun: its share of the machine).
+    ``video_dir``: record env 0's episodes there as MP4 (backends that step Python envs: sync, async);
+    CleanRL's capped cubic schedule of episodes, or ``every_episode``.
+    """
     family = family or env_family(env_id)
     if backend not in BACKENDS:
         raise FleetError(f"Unknown --env-backend {backend!r}; choose one of: {', '.join(BACKENDS)}.")
-    factories = [EnvFactory(env_id, family.name, training, sticky_actions) for _ in range(num_envs)]
-    return BACKENDS[backend](factories)
+    cores = cores or os.cpu_count() or 1
+    reason = "chosen with --env-backend"
+    if backend == "auto":
+        from fleetrl.envs.auto import choose_backend
+
+        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None)
+        backend, reason = choice.backend, f"auto: {choice.reason}"
+    if video_dir and backend not in ("sync", "async", "gym-sync"):
+        raise FleetError(f"--capture-video renders frames from Python envs, which the {backend} backend does not have. "
+                         f"Use --env-backend sync or async (or auto) with --capture-video.")
+    if verbose:
+        print(f"env backend: {backend} ({reason})", flush=True)
+    envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, cores, video_dir, every_episode)
+    envs.backend, envs.backend_reason = backend, reason  # logged by the trainer
+    return envs
 
 
-__all__ = ["EnvFactory", "EnvFamily", "env_family", "env_spec", "episode_stats", "make_vector_env"]
+def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, cores, video_dir, every_episode):
+    if family.name == "procgen" and backend != "envpool":
+        raise FleetError(f"{env_id} is a Procgen env, which only EnvPool provides: use --env-backend envpool (or auto).")
+    if backend == "ale":
+        from fleetrl.envs.native import AleVectorEnv
+
+        if family.name != "atari":
+            raise FleetError(f"--env-backend ale runs Atari games only, and {env_id} is a {family.name} env. Use sync, async or auto.")
+        return AleVectorEnv(env_id, num_envs, training, sticky_actions)
+    if backend == "envpool":
+        from fleetrl.envs.native import EnvPoolVectorEnv
+
+        return EnvPoolVectorEnv(env_id, num_envs, training, sticky_actions, family=family.name)
+    factories = [EnvFactory(env_id, family.name, training, sticky_actions, video_dir if i == 0 else None, every_episode)
+                 for i in range(num_envs)]
+    if backend == "async":
+        from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
+
+        return SharedMemoryVectorEnv(factories, num_workers=min(num_envs, cores), async_batch=async_batch)
+    return (GymSyncVectorEnv if backend == "gym-sync" else SyncVectorEnv)(factories)
+
+
+__all__ = ["BACKENDS", "EnvFactory", "EnvFamily", "env_family", "env_spec", "episode_stats", "make_vector_env"]

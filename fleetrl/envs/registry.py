@@ -1,8 +1,9 @@
 """The one place that maps an env id to its family and its construction.
 
 Families: ``classic`` (discrete actions, vector observations: CartPole, Acrobot, ...),
-``atari`` (ALE ids, both ``BreakoutNoFrameskip-v4`` and ``ALE/Breakout-v5``) and ``mujoco``
-(continuous actions: HalfCheetah-v5, InvertedPendulum-v5, Pendulum-v1, ...). A custom env is
+``atari`` (ALE ids, both ``BreakoutNoFrameskip-v4`` and ``ALE/Breakout-v5``), ``mujoco``
+(continuous actions: HalfCheetah-v5, InvertedPendulum-v5, Pendulum-v1, ...) and ``procgen``
+(EnvPool's ``BigfishEasy-v0``, ``CoinrunHard-v0``, ...). A custom env is
 named ``module.path:EnvId-v0``: fleetrl imports the module (which registers the id), then makes it.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -17,6 +19,15 @@ import gymnasium as gym
 from fleetrl.envs import atari
 from fleetrl.envs.wrappers import EpisodeStats
 from fleetrl.errors import FleetError, require
+
+
+PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+                 "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
+_PROCGEN_ID = re.compile(rf"({'|'.join(g.capitalize() for g in PROCGEN_GAMES)})(Easy|Hard|Memory|Exploration)?-v0")
+
+
+def is_procgen_id(env_id: str) -> bool:
+    return bool(_PROCGEN_ID.fullmatch(env_id))
 
 
 def split_custom_id(env_id: str) -> tuple[str | None, str]:
@@ -59,12 +70,15 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 @dataclass(frozen=True)
 class EnvFamily:
-    name: str  # "classic" | "atari" | "mujoco"
+    name: str  # "classic" | "atari" | "mujoco" | "procgen"
     continuous: bool
 
 
 def env_family(env_id: str) -> EnvFamily:
     name = import_env_module(env_id)
+    if is_procgen_id(name):
+        require("envpool", "envpool", f"The Procgen environment {env_id!r}")
+        return EnvFamily("procgen", continuous=False)
     if atari.is_atari_id(name):
         env_spec(env_id)  # registers ALE, or says which extra is missing
         return EnvFamily("atari", continuous=False)
@@ -94,14 +108,25 @@ class EnvFactory:
     family: str
     training: bool = True
     sticky_actions: float | None = None
-    render_mode: str | None = None
+    video_dir: str | None = None  # record this env's episodes to MP4 (--capture-video)
+    video_every_episode: bool = False  # every episode (evaluation), else CleanRL's capped cubic schedule
 
     def __call__(self) -> gym.Env:
         name = import_env_module(self.env_id)
+        render_mode = "rgb_array" if self.video_dir else None
         if self.family == "atari":
-            return atari.make_atari(name, self.training, self.sticky_actions, self.render_mode)
-        kwargs = {"render_mode": self.render_mode} if self.render_mode else {}  # custom envs may not take it
-        env = EpisodeStats(gym.make(name, **kwargs))
-        if len(env.observation_space.shape) != 1:  # dict or image observations of a vector env
-            env = gym.wrappers.FlattenObservation(env)
+            env = atari.make_atari(name, self.training, self.sticky_actions, render_mode)
+        else:
+            kwargs = {"render_mode": render_mode} if render_mode else {}  # custom envs may not take it
+            env = EpisodeStats(gym.make(name, **kwargs))
+            if len(env.observation_space.shape) != 1:  # dict or image observations of a vector env
+                env = gym.wrappers.FlattenObservation(env)
+        if self.video_dir:
+            from fleetrl.envs.video import VideoRecorder
+
+            env = VideoRecorder(env, self.video_dir, episode_trigger=_every_episode if self.video_every_episode else None)
         return env
+
+
+def _every_episode(episode_id: int) -> bool:
+    return True

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import deque
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Iterable
 
 from torch.utils.tensorboard import SummaryWriter
+
+from fleetrl.errors import require
 
 RECENT_EPISODES = 20
 
@@ -18,7 +22,10 @@ class Logger:
     interrupted run wrote after it, so curves never hold duplicated steps.
     """
 
-    def __init__(self, run_dir: str, enabled: bool = True, purge_step: int | None = None):
+    def __init__(self, run_dir: str, enabled: bool = True, purge_step: int | None = None, track: bool = False,
+                 wandb_project: str = "fleetrl", wandb_entity: str | None = None, config: Any = None):
+        if enabled and track:  # before the SummaryWriter exists, so wandb can mirror it
+            start_wandb(run_dir, wandb_project, wandb_entity, config)
         self.writer = SummaryWriter(run_dir, purge_step=purge_step) if enabled else None
         self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.episodes = 0
@@ -29,6 +36,10 @@ class Logger:
         table = "\n".join(f"|{k}|{v}|" for k, v in values.items())
         if self.writer:
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+
+    def text(self, name: str, value: str) -> None:
+        if self.writer:
+            self.writer.add_text(name, value)
 
     def scalar(self, name: str, value: float, step: int) -> None:
         if self.writer:
@@ -57,6 +68,17 @@ class Logger:
     def close(self) -> None:
         if self.writer:
             self.writer.close()
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and wandb.run is not None:
+            wandb.finish()
+
+
+def start_wandb(run_dir: str, project: str, entity: str | None, config: Any) -> None:
+    """Weights & Biases, syncing the TensorBoard scalars (``WANDB_MODE=offline`` works without a network)."""
+    wandb = require("wandb", "track", "--track (Weights & Biases)")
+    values = asdict(config) if is_dataclass(config) else dict(config or {})
+    wandb.init(project=project, entity=entity, sync_tensorboard=True, config=values, name=os.path.basename(os.path.normpath(run_dir)),
+               dir=run_dir, save_code=False, resume="allow")
 
 
 @dataclass

@@ -28,9 +28,10 @@ class ResourceSampler:
     ``sample_cpu_s / samples`` shows the cost measured.
     """
 
-    def __init__(self, interval: float = DEFAULT_INTERVAL_S, pid: int | None = None, gpus: bool = True):
+    def __init__(self, interval: float = DEFAULT_INTERVAL_S, pid: int | None = None, gpus: bool = True, enabled: bool = True):
         if interval <= 0:
             raise ValueError(f"interval must be positive, got {interval}")
+        self.enabled = enabled  # off on ranks other than 0: start() does nothing, latest() is empty
         self.interval = interval
         self.pid = pid or os.getpid()
         self.gpus = gpus
@@ -47,7 +48,7 @@ class ResourceSampler:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> ResourceSampler:
-        if self._thread is not None:
+        if self._thread is not None or not self.enabled:
             return self
         self._root = psutil.Process(self.pid)
         self._procs = {}
@@ -235,3 +236,17 @@ def gpu_driver_ok(version: str, minimum: str = "450.80.02") -> bool:
     have, need = parse_version(version), parse_version(minimum)
     width = max(len(have), len(need))
     return have + (0,) * (width - len(have)) >= need + (0,) * (width - len(need))
+
+
+def describe_usage(usage: dict[str, float], perf: dict[str, float]) -> str:
+    """A short status for the progress display: CPU and GPU utilisation and the dominant phase."""
+    parts = []
+    if "resources/cpu_percent" in usage:
+        parts.append(f"CPU {usage['resources/cpu_percent']:.0f}%")
+    if "resources/gpu_util" in usage:
+        parts.append(f"GPU {usage['resources/gpu_util']:.0f}%")
+    shares = {k[len("perf/"):-len("_share")]: v for k, v in perf.items() if k.endswith("_share")}
+    if shares:
+        phase = max(shares, key=shares.get)
+        parts.append(f"{phase} {100 * shares[phase]:.0f}%")
+    return "  ".join(parts)

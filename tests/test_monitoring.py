@@ -1,0 +1,82 @@
+"""Monitoring during training: resources, phase timing shares, the windowed SPS, W&B offline."""
+
+import os
+
+import pytest
+
+from fleetrl.monitor.tbread import read_scalars, scalar_tags
+from fleetrl.monitor.timing import PhaseTimer
+
+from conftest import fleetrl_env, run_fleetrl
+
+
+def test_phases_nest_without_double_counting():
+    import time
+
+    timer = PhaseTimer(distributed=True)
+    with timer.learn:
+        time.sleep(0.02)
+        with timer.comm:
+            time.sleep(0.03)
+    with timer.env:
+        time.sleep(0.01)
+    perf = timer.lap()
+    assert perf["perf/comm_time"] == pytest.approx(0.03, abs=0.01)
+    assert perf["perf/learn_time"] == pytest.approx(0.02, abs=0.01)
+    total = sum(v for k, v in perf.items() if k.endswith("_share"))
+    assert total == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_training_logs_plausible_resources_and_phase_shares(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(40 * 512), "--env-backend", "sync",
+                       "--run-dir", str(run_dir), "--no-cuda", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tags = scalar_tags(run_dir)
+    for tag in ("resources/cpu_percent", "resources/system_cpu_percent", "resources/rss_mb", "charts/SPS_window",
+                "perf/env_time", "perf/inference_time", "perf/learn_time", "perf/other_time", "perf/env_share", "perf/other_share"):
+        assert tag in tags, tag
+    assert "perf/comm_time" not in tags, "no communication phase in a single process"
+    assert max(p.value for p in read_scalars(run_dir, "resources/cpu_percent")) > 0
+    assert min(p.value for p in read_scalars(run_dir, "resources/rss_mb")) > 50
+    shares = {t: [p.value for p in read_scalars(run_dir, t)] for t in tags if t.endswith("_share")}
+    for i in range(1, len(shares["perf/env_share"])):  # the first iteration includes warm-up
+        assert sum(v[i] for v in shares.values()) == pytest.approx(1.0, abs=0.02)
+    other = sorted(shares["perf/other_share"][1:])
+    assert other[len(other) // 2] < 0.10, f"median other share {other[len(other) // 2]:.3f}"
+    windowed = [p.value for p in read_scalars(run_dir, "charts/SPS_window")]
+    assert all(w > 0 for w in windowed)
+
+
+@pytest.mark.slow
+def test_track_with_wandb_offline_leaves_an_offline_run(tmp_path):
+    pytest.importorskip("wandb")
+    run_dir = tmp_path / "run"
+    env = fleetrl_env()
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path))
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fleetrl", "train", "ppo", "--total-timesteps", "2048", "--track",
+                           "--wandb-project-name", "fleetrl-test", "--run-dir", str(run_dir), "--no-cuda"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert offline, os.listdir(run_dir)
+    assert any(offline[0].rglob("*.wandb")), "the offline run holds its data file"
+
+
+@pytest.mark.slow
+def test_capture_video_leaves_a_playable_mp4(tmp_path):
+    pytest.importorskip("imageio_ffmpeg")
+    import imageio.v2 as imageio
+
+    run_dir = tmp_path / "run"
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--capture-video",
+                       "--run-dir", str(run_dir), "--no-cuda", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    videos = sorted((run_dir / "videos").glob("*.mp4"))
+    assert videos, "no video written"
+    frames = imageio.mimread(str(videos[0]), memtest=False)
+    assert len(frames) >= 1 and frames[0].ndim == 3

@@ -1,0 +1,118 @@
+"""--capture-video: VideoRecorder writes playable MP4s of whole (real) episodes."""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+
+import gymnasium as gym
+import pytest
+
+from fleetrl.envs.video import VideoRecorder, capped_cubic_video_schedule
+from fleetrl.envs.wrappers import EpisodeStats
+from fleetrl.errors import FleetError
+
+pytest.importorskip("imageio_ffmpeg", reason="MP4 writing needs imageio-ffmpeg (pip install imageio-ffmpeg)")
+iio = pytest.importorskip("imageio.v2")
+# classic control renders with pygame (gymnasium[classic-control])
+needs_pygame = pytest.mark.skipif(importlib.util.find_spec("pygame") is None, reason="CartPole rendering needs pygame (pip install pygame)")
+
+
+def read_frames(path) -> list:
+    reader = iio.get_reader(path)
+    try:
+        return [frame for frame in reader]
+    finally:
+        reader.close()
+
+
+def play(env: gym.Env, seed: int = 0) -> tuple[int, int, dict]:
+    """One real episode with random actions, driven like a vector env (reset whenever the env says
+    terminated/truncated) until info has "episode". Returns (agent steps, learner episode ends, the stats)."""
+    env.action_space.seed(seed)
+    steps = ends = 0
+    while True:
+        _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        steps += 1
+        if "episode" in info:
+            return steps, ends, info["episode"]
+        if terminated or truncated:
+            ends += 1
+            env.reset()
+
+
+@needs_pygame
+def test_cartpole_two_episodes_give_two_playable_mp4s(tmp_path):
+    env = VideoRecorder(EpisodeStats(gym.make("CartPole-v1", render_mode="rgb_array")), tmp_path, episode_trigger=lambda i: True)
+    lengths = []
+    for episode in range(2):
+        env.reset(seed=episode)
+        steps, _, stats = play(env, seed=episode)
+        assert stats["l"] == steps
+        lengths.append(steps)
+    env.close()
+    paths = [tmp_path / f"rl-video-episode-{i}.mp4" for i in range(2)]
+    assert env.videos == paths
+    assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in paths]  # no temporary files left
+    for path, steps in zip(paths, lengths):
+        frames = read_frames(path)
+        assert len(frames) == steps + 1 >= 2  # the reset frame and one per step
+        assert frames[0].shape == (400, 600, 3)
+
+
+def test_capped_cubic_schedule():
+    assert [i for i in range(2001) if capped_cubic_video_schedule(i)] == [0, 1, 8, 27, 64, 125, 216, 343, 512, 729, 1000, 2000]
+
+
+@needs_pygame
+def test_default_trigger_records_the_schedule_s_episodes(tmp_path):
+    env = VideoRecorder(EpisodeStats(gym.make("CartPole-v1", render_mode="rgb_array")), tmp_path, name_prefix="eval")
+    env.reset(seed=0)
+    for _ in range(3):  # episodes 0, 1, 2: only 0 and 1 are recorded
+        play(env)
+        env.reset()
+    env.close()  # episode 3 was started (not recorded): nothing to finish
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+
+
+@needs_pygame
+def test_close_finishes_an_open_video(tmp_path):
+    env = VideoRecorder(EpisodeStats(gym.make("CartPole-v1", render_mode="rgb_array")), tmp_path)
+    env.reset(seed=0)
+    env.step(0)
+    env.step(1)
+    assert not list(tmp_path.glob("rl-video-*.mp4"))  # still recording: only the hidden temporary file
+    env.close()
+    assert len(read_frames(tmp_path / "rl-video-episode-0.mp4")) == 3
+
+
+def test_one_atari_video_spans_every_life_of_a_game(tmp_path):
+    from fleetrl.envs.atari import make_atari
+
+    env = VideoRecorder(make_atari("BreakoutNoFrameskip-v4", training=True, render_mode="rgb_array"), tmp_path, episode_trigger=lambda i: i == 0)
+    env.reset(seed=0)
+    steps, life_ends, stats = play(env)
+    env.close()
+    assert life_ends >= 2  # episodic life ended the learner's episode (and reset the env) at each lost life
+    assert env.videos == [tmp_path / "rl-video-episode-0.mp4"]  # ... yet only one video, of the whole game
+    frames = read_frames(env.videos[0])
+    assert len(frames) == steps + 1
+    assert frames[0].shape == (210, 160, 3)
+
+
+def test_needs_rgb_array_rendering(tmp_path):
+    with pytest.raises(FleetError, match="rgb_array"):
+        VideoRecorder(gym.make("CartPole-v1"), tmp_path)
+
+
+def test_missing_imageio_ffmpeg_names_the_pip_install(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_ffmpeg(name, *args, **kwargs):
+        if name == "imageio_ffmpeg":
+            raise ImportError("No module named 'imageio_ffmpeg'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ffmpeg)
+    with pytest.raises(FleetError, match="pip install imageio-ffmpeg"):
+        VideoRecorder(gym.make("CartPole-v1", render_mode="rgb_array"), tmp_path)
