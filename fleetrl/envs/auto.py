@@ -3,8 +3,9 @@
 The decision tree (numbers measured on a 2-core machine, docs/backends.md and docs/benchmarks.md):
 
 1. Procgen ids exist only in EnvPool -> ``envpool``.
-2. Atari: a C++ vector steps ~2x faster than Python wrappers (Breakout x8: sync 1.6k, ale 3.1k,
-   envpool 4.2k steps/s) -> ``envpool`` if installed, else ``ale`` (ships with the atari extra).
+2. Atari: a C++ vector steps about 2x faster than Python wrappers (Breakout x8: sync 1.6k, ale
+   2.8-3.1k steps/s). ``ale`` ships with the atari extra; fleetrl's EnvPool backend runs EnvPool in
+   sync mode and measured no faster than ale here, so ``envpool`` is the pick only without ale-py.
 3. Everything else (classic control, MuJoCo, custom envs): probe one env's step cost (at most
    ``PROBE_SECONDS``). Multi-process stepping pays only when a step costs more than a wake-up
    round trip plus the copy: gymnasium's AsyncVectorEnv ran CartPole at 15k steps/s against 109k
@@ -61,10 +62,10 @@ def choose_backend(env_id: str, family: EnvFamily, num_envs: int, cores: int | N
     if family.name == "procgen":
         return BackendChoice("envpool", "Procgen envs exist only in EnvPool")
     if family.name == "atari":
-        if native.get("envpool"):
-            return BackendChoice("envpool", "Atari: EnvPool's C++ threads step fastest (Breakout x8 4.2k steps/s vs 1.6k sync here)")
         if native.get("ale"):
-            return BackendChoice("ale", "Atari: ale-py's C++ AtariVectorEnv (Breakout x8 3.1k steps/s vs 1.6k sync here; EnvPool not installed)")
+            return BackendChoice("ale", "Atari: ale-py's C++ AtariVectorEnv steps about 2x faster than Python wrappers (docs/backends.md)")
+        if native.get("envpool"):
+            return BackendChoice("envpool", "Atari: EnvPool's C++ pool steps about 2x faster than Python wrappers (ale-py not installed)")
     cost = probe_step_cost_us(env_id, family)
     if cost >= ASYNC_MIN_STEP_US and cores >= 2 and num_envs >= 2:
         return BackendChoice("async", f"one step costs {cost:.0f} us (>= {ASYNC_MIN_STEP_US:.0f} us): worker processes on {cores} cores pay off")
