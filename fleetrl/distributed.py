@@ -3,7 +3,7 @@
 Launch with ``torchrun``; nothing here starts processes. The global ``RANK`` and ``WORLD_SIZE``
 are used (not ``LOCAL_RANK`` as a rank, which only works on one node). Replicas stay identical:
 parameters are broadcast from rank 0 once, gradients are averaged with an explicit all-reduce
-over a few flat buckets (communication is its own, timed phase), and every decision that could
+over flat buckets, started during the backward pass (waiting for it is its own, timed phase), and every decision that could
 split the ranks (early stop on KL, a non-finite loss) is taken from all-reduced figures.
 
 Seeds: the env with global index ``g = rank * local_num_envs + i`` is seeded ``seed + g``, so the
@@ -27,7 +27,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from fleetrl.errors import FleetError
 
-BUCKET_BYTES = 25 * 1024 * 1024  # gradients are all-reduced in flat buckets of at most this size
+BUCKET_BYTES = 2 * 1024 * 1024  # gradients are all-reduced in flat buckets of about this size
 
 
 @dataclass
@@ -92,32 +92,9 @@ class Dist:
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor.data, src=0)
 
-    def allreduce_gradients(self, params: list[torch.nn.Parameter], extra: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Average the gradients over ranks in flat buckets; ``extra`` scalars ride in the last bucket.
-
-        Returns ``extra`` averaged over ranks (the loss and KL, so every rank decides alike).
-        """
-        if not self.enabled:
-            return extra
-        grads = [p.grad for p in params if p.grad is not None]
-        buckets: list[list[torch.Tensor]] = [[]]
-        size = 0
-        for g in grads:
-            if buckets[-1] and size + g.numel() * g.element_size() > BUCKET_BYTES:
-                buckets.append([])
-                size = 0
-            buckets[-1].append(g)
-            size += g.numel() * g.element_size()
-        if extra is not None:
-            buckets[-1].append(extra.detach().to(grads[0].dtype if grads else torch.float64).reshape(-1))
-        with self._timed():
-            for bucket in buckets:
-                flat = _flatten_dense_tensors(bucket)
-                dist.all_reduce(flat)
-                flat /= self.world_size
-                for tensor, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                    tensor.copy_(reduced)
-        return buckets[-1][-1] if extra is not None else None
+    def gradient_sync(self, params: Iterable[torch.nn.Parameter]) -> "GradientSync":
+        """Averages gradients over ranks, starting each bucket's all-reduce during the backward pass."""
+        return GradientSync(self, list(params))
 
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (small metadata such as finished episodes), in rank order."""
@@ -151,6 +128,68 @@ class Dist:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class GradientSync:
+    """Gradient averaging that overlaps communication with the backward pass.
+
+    Parameters are grouped, in the order backward produces their gradients, into flat buckets of
+    about ``BUCKET_BYTES``. A hook fires when a parameter's gradient is ready; when a bucket is
+    complete its all-reduce starts asynchronously while backward goes on through earlier layers.
+    :meth:`finish` waits for them (the timed ``comm`` phase is only that wait) and returns the
+    ``extra`` scalars averaged over ranks. At world size 1 it does nothing.
+    """
+
+    def __init__(self, dist_: Dist, params: list[torch.nn.Parameter]):
+        self.dist = dist_
+        self.params = [p for p in params if p.requires_grad]
+        self.buckets: list[list[torch.nn.Parameter]] = [[]]
+        size = 0
+        for p in reversed(self.params):  # backward reaches the last layers first
+            if self.buckets[-1] and size + p.numel() * p.element_size() > BUCKET_BYTES:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+        self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self._ready = [0] * len(self.buckets)
+        self._pending: dict[int, tuple[Any, torch.Tensor]] = {}
+        if dist_.enabled:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, p: torch.nn.Parameter) -> None:
+        b = self._bucket_of[id(p)]
+        self._ready[b] += 1
+        if self._ready[b] == len(self.buckets[b]):
+            self._launch(b)
+
+    def _launch(self, b: int) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[b]]
+        flat = _flatten_dense_tensors(grads)
+        self._pending[b] = (dist.all_reduce(flat, async_op=True), flat)
+
+    def finish(self, extra: torch.Tensor) -> torch.Tensor:
+        if not self.dist.enabled:
+            return extra
+        with self.dist._timed():
+            for b in range(len(self.buckets)):
+                if b not in self._pending:  # a parameter the loss did not use: no hook fired
+                    self._launch(b)
+            extra = extra.detach().to(torch.float64).clone()
+            dist.all_reduce(extra)
+            for b, (work, flat) in self._pending.items():
+                work.wait()
+                flat /= self.dist.world_size
+                bucket = self.buckets[b]
+                for p, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                    if p.grad is None:
+                        p.grad = reduced.clone()
+                    else:
+                        p.grad.copy_(reduced)
+        self._pending.clear()
+        self._ready = [0] * len(self.buckets)
+        return extra / self.dist.world_size
 
 
 def launched_by_torchrun() -> bool:

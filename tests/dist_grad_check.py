@@ -39,10 +39,11 @@ def main(out_dir: str) -> None:
     mb = {k: v[dist.rank * share : (dist.rank + 1) * share] for k, v in batch.items()}
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    grad_sync = dist.gradient_sync(agent.parameters())
     loss, stats = ppo_loss(agent, mb, args, dist)
     optimizer.zero_grad()
     loss.backward()
-    dist.allreduce_gradients(list(agent.parameters()), torch.stack([loss.detach(), stats["approx_kl"]]))
+    grad_sync.finish(torch.stack([loss.detach(), stats["approx_kl"]]))
     grads = torch.cat([p.grad.reshape(-1) for p in agent.parameters()]).clone()
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()

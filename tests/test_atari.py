@@ -82,3 +82,16 @@ def test_short_breakout_training_run_end_to_end(tmp_path):
     assert (run_dir / "checkpoints" / "ckpt_000000001024.pt").exists()
     evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", "--stochastic", "--json", timeout=600, threads=2)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["async", "ale", "envpool"])
+def test_ppo_trains_breakout_end_to_end_on_each_backend(tmp_path, backend):
+    if backend == "envpool":
+        pytest.importorskip("envpool")
+    run_dir = tmp_path / backend
+    proc = run_fleetrl("train", "ppo", "--env-id", "BreakoutNoFrameskip-v4", "--env-backend", backend, "--num-envs", "4",
+                       "--num-steps", "32", "--total-timesteps", "256", "--run-dir", str(run_dir), "--no-cuda", timeout=600, threads=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"env backend: {backend}" in proc.stdout
+    assert (run_dir / "checkpoints" / "ckpt_000000000256.pt").exists()

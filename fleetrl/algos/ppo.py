@@ -264,6 +264,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
     dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
+    grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
     actor = make_actor(agent, device, seed=run.seed)  # the engine's fastest exact acting path for this network
     # continuous control normalises observations and rewards in the trainer: one set of statistics for
     # all envs of all ranks (their sums are all-reduced every step)
@@ -362,8 +363,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                         loss, stats = ppo_loss(agent, mb, args, dist)
                         optimizer.zero_grad()
                         loss.backward()
-                        # average gradients over ranks; the loss and KL ride along so every rank decides alike
-                        loss_and_kl = dist.allreduce_gradients(list(agent.parameters()), torch.stack([loss.detach(), stats["approx_kl"]]))
+                        # wait for the gradients averaged over ranks; the loss and KL too, so every rank decides alike
+                        loss_and_kl = grad_sync.finish(torch.stack([loss.detach(), stats["approx_kl"]]))
                         if not torch.isfinite(loss_and_kl[0]):
                             raise NonFiniteLossError(
                                 f"The loss became non-finite ({loss_and_kl[0].item()}) at iteration {iteration} (global step {global_step}); "
