@@ -146,7 +146,7 @@ def test_a_killed_rank_ends_the_job_promptly_and_a_restart_resumes_from_the_last
 def test_torchrun_max_restarts_with_resume_auto_continues_after_a_killed_rank(tmp_path):
     run_dir = tmp_path / "run"
     iterations = 60
-    job = subprocess.Popen([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", "-m", "fleetrl", "train", "ppo",
+    job = subprocess.Popen([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=3", "-m", "fleetrl", "train", "ppo",
                             "--env-id", "CartPole-v1", "--total-timesteps", str(iterations * 512), "--checkpoint-every", "4",
                             "--run-dir", str(run_dir), "--resume", "auto", "--no-cuda"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=fleetrl_env())

@@ -30,7 +30,7 @@ def test_phases_nest_without_double_counting():
 @pytest.mark.slow
 def test_training_logs_plausible_resources_and_phase_shares(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(40 * 512), "--env-backend", "sync",
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(80 * 512), "--env-backend", "sync",
                        "--run-dir", str(run_dir), "--no-cuda", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tags = scalar_tags(run_dir)

@@ -300,7 +300,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
               f"{f' over {dist.world_size} processes' if dist.enabled else ''}; logs in {args.run_dir}", flush=True)
     progress = Progress(num_iterations * batch_size, global_step, enabled=args.progress and dist.is_main)
     timer = PhaseTimer(distributed=dist.enabled)
-    resources = ResourceSampler(enabled=dist.is_main).start()  # CPU, memory, GPU of this process tree
+    resources = ResourceSampler(interval=1.0, enabled=dist.is_main).start()  # CPU, memory, GPU of this process tree
     dist.comm_phase = timer.comm
     result = TrainResult(args.run_dir)
 
@@ -395,10 +395,9 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 "losses/explained_variance": explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np),
                 "charts/SPS": sps,
                 "charts/SPS_window": batch_size / timer.last_lap_seconds,
-                **perf,
             }, global_step)
             usage = resources.latest()
-            logger.scalars(usage, global_step)
+            logger.monitor_scalars({**perf, **usage}, global_step, last=iteration == num_iterations)
             progress.update(global_step, sps, logger.mean_recent_return, extra=describe_usage(usage, perf))
             if iteration % args.checkpoint_every == 0 or iteration == num_iterations:
                 logger.flush()  # the logs up to the checkpoint survive a kill

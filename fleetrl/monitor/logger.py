@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Iterable
@@ -13,6 +14,7 @@ from torch.utils.tensorboard import SummaryWriter
 from fleetrl.errors import require
 
 RECENT_EPISODES = 20
+MONITOR_INTERVAL_S = 1.0  # perf/* and resources/* are logged at most this often: a TensorBoard scalar costs ~70 us
 
 
 class Logger:
@@ -29,6 +31,7 @@ class Logger:
         self.writer = SummaryWriter(run_dir, purge_step=purge_step) if enabled else None
         self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.episodes = 0
+        self._last_monitor = float("-inf")
 
     def hparams(self, args: Any) -> None:
         """The hyperparameters as a markdown table, as CleanRL logs them."""
@@ -48,6 +51,14 @@ class Logger:
     def scalars(self, values: dict[str, float], step: int) -> None:
         for name, value in values.items():
             self.scalar(name, value, step)
+
+    def monitor_scalars(self, values: dict[str, float], step: int, last: bool = False) -> None:
+        """Monitoring scalars (one iteration's perf/*, the latest resources/*), at most every
+        ``MONITOR_INTERVAL_S`` and on the last iteration, so measuring stays well under 1% of a run."""
+        now = time.monotonic()
+        if last or now - self._last_monitor >= MONITOR_INTERVAL_S:
+            self._last_monitor = now
+            self.scalars(values, step)
 
     def episodes_finished(self, stats: Iterable[tuple[float, int]], step: int) -> None:
         """``charts/episodic_return`` and ``charts/episodic_length`` for each finished episode."""
