@@ -35,13 +35,14 @@ class EvalArgs:
 def evaluate(args: EvalArgs) -> dict:
     if args.episodes <= 0:
         raise FleetError(f"--episodes must be positive, got {args.episodes}.")
-    state = checkpoint.load_checkpoint(args.checkpoint)
+    path = checkpoint.resolve_checkpoint(args.checkpoint)  # a run folder means its newest checkpoint
+    state = checkpoint.load_checkpoint(path)
     train_args = state["args"]
     runtime.seed_everything(args.seed, True)
     runtime.set_torch_threads(None)
     algo = importlib.import_module(f"fleetrl.algos.{state.get('algo', 'ppo')}")
     # one env, without the training-only wrappers (episodic life, reward clipping)
-    video_dir = str(checkpoint.resolve_checkpoint(args.checkpoint).parent.parent / "videos_eval") if args.capture_video else None
+    video_dir = str(path.parent.parent / "videos_eval") if args.capture_video else None
     envs = make_vector_env(train_args["env_id"], 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"),
                            video_dir=video_dir, every_episode=True)
     policy = algo.policy_from_checkpoint(state, envs, deterministic=not args.stochastic)
@@ -56,7 +57,7 @@ def evaluate(args: EvalArgs) -> dict:
     finally:
         envs.close()
     result = {
-        "checkpoint": str(checkpoint.resolve_checkpoint(args.checkpoint)),
+        "checkpoint": str(path),
         "env_id": train_args["env_id"],
         "global_step": int(state["global_step"]),
         "episodes": len(returns),

@@ -379,10 +379,10 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                         break
 
             # ---------------------------------------------------------------- logging
-            all_episodes = [e for rank_episodes in dist.gather_objects(episodes) for e in rank_episodes]
-            for step_logged, episode_return, length in sorted(all_episodes):
+            all_episodes = sorted(e for rank_episodes in dist.gather_objects(episodes) for e in rank_episodes)
+            for step_logged, episode_return, length in all_episodes:
                 logger.episodes_finished([(episode_return, length)], step_logged)
-            result.episode_returns += [r for _, r, _ in sorted(all_episodes)]
+            result.episode_returns += [r for _, r, _ in all_episodes]
             stats["clipfrac"] = torch.stack(clipfracs).mean()
             names = list(stats)
             global_stats = dict(zip(names, dist.mean(stats[k].item() for k in names)))  # global figures
