@@ -16,6 +16,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import socket
+import time
+import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -210,12 +213,70 @@ def init_distributed(cuda: bool, backend: str | None = None, timeout_s: float = 
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = _round_store(rank, world_size, timeout) if torchrun_shares_its_store() else None
     dist.init_process_group(
         backend=backend,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        store=store,
+        rank=rank if store is not None else -1,
+        world_size=world_size if store is not None else -1,
+        timeout=timeout,
         device_id=device if backend == "nccl" else None,
     )
     return Dist(rank, world_size, local_rank, local_world_size, backend, device)
+
+
+ROUND_STORE_KEY = "fleetrl/round_store"  # in torchrun's store: "PORT/NONCE" of the current round's store
+
+
+def torchrun_shares_its_store() -> bool:
+    """True when torchrun hands its workers its own long-lived store (the c10d rendezvous default)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _round_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """A store private to this round of the job, so that a restarted round never reads a dead round's keys.
+
+    torchrun's shared store outlives restarts, and torch's env:// init puts every round's keys under the
+    same names there, so after ``--max-restarts`` the new ranks can read the dead round's gloo/NCCL
+    addresses and fail or hang while connecting (pytorch/pytorch#135712). ``TORCHELASTIC_RESTART_COUNT``
+    cannot tell rounds apart across nodes (each node counts its own restarts). Instead rank 0 serves a
+    fresh store on a free port and announces ``PORT/NONCE`` in torchrun's store; the other ranks accept an
+    announcement only when a store answers there with the same nonce, so a dead round's is skipped.
+    """
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    shared = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    if rank == 0:
+        own = dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False, timeout=timeout)
+        nonce = uuid.uuid4().hex
+        own.set("nonce", nonce)
+        shared.set(ROUND_STORE_KEY, f"{own.port}/{nonce}")
+        return own
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        shared.wait([ROUND_STORE_KEY])
+        own_port, nonce = shared.get(ROUND_STORE_KEY).decode().split("/")
+        store = _connect_if_nonce(host, int(own_port), nonce, timeout)
+        if store is not None:
+            return store
+        if time.monotonic() > deadline:
+            raise FleetError(
+                f"rank {rank} found no store of this round's rank 0 at {host}:{own_port} within --dist-timeout "
+                f"({timeout.total_seconds():.0f} s): rank 0 did not start. Check rank 0's output for its error."
+            )
+        time.sleep(0.2)
+
+
+def _connect_if_nonce(host: str, port: int, nonce: str, timeout: datetime.timedelta) -> dist.Store | None:
+    try:  # a plain connect first: a dead round's port refuses at once, without torch's retry loop and logs
+        socket.create_connection((host, port), timeout=2).close()
+        store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        if store.get("nonce").decode() != nonce:  # the port was reused by a newer round's store
+            return None
+    except (OSError, RuntimeError):
+        return None
+    store.set_timeout(timeout)
+    return store
 
 
 def split_evenly(total: int, world_size: int, what: str, flag: str) -> int:
