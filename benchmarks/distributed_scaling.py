@@ -1,12 +1,15 @@
 """Weak scaling of data-parallel PPO under torchrun on this machine's CPUs.
 
-    python benchmarks/distributed_scaling.py [--env-id BreakoutNoFrameskip-v4] [--iterations 6] [--repeats 3]
+    python benchmarks/distributed_scaling.py [--env-id BreakoutNoFrameskip-v4] [--iterations 6] [--repeats 3] [--cuda]
 
 1 process x 1 thread against N processes x 1 thread each (torchrun, gloo), with the same work per
 process (--envs-per-process envs x 128 steps), the `sync` env backend pinned so that no native
 thread pool already fills the cores in the baseline. SPS is the median over iterations (the first
 left out) of charts/SPS_window; the all-reduce time is perf/comm_time as a share of each update
 (perf/learn_time + perf/comm_time). Efficiency = SPS(N) / (N x SPS(1)).
+
+With --cuda every process trains on the GPU(s): on a one-GPU machine this is 1 process against N
+processes sharing that GPU (gloo, which NCCL cannot do; see docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+import torch
+
 from fleetrl.monitor.tbread import read_scalars
 
 
@@ -25,7 +30,8 @@ def run(processes: int, args, out: str) -> dict[str, float]:
     envs = args.envs_per_process * processes
     total = args.iterations * envs * args.num_steps
     train = ["-m", "fleetrl", "train", "ppo", "--env-id", args.env_id, "--num-envs", str(envs), "--num-steps", str(args.num_steps),
-             "--total-timesteps", str(total), "--env-backend", "sync", "--torch-threads", "1", "--no-cuda", "--no-progress",
+             "--total-timesteps", str(total), "--env-backend", "sync", "--torch-threads", "1",
+             "--cuda" if args.cuda else "--no-cuda", "--no-progress",
              "--checkpoint-every", "100000", "--run-dir", out]
     if processes == 1:
         cmd = [sys.executable, *train]
@@ -49,7 +55,10 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cuda", action="store_true", help="train on the GPU(s) (the processes share them)")
     args = parser.parse_args()
+    if args.cuda and not torch.cuda.is_available():
+        raise SystemExit("--cuda: no CUDA GPU is available here (or this torch build has no CUDA).")
     results: dict[int, list[dict[str, float]]] = {1: [], args.processes: []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
@@ -58,8 +67,9 @@ def main() -> None:
     one = statistics.median(x["sps"] for x in results[1])
     many = statistics.median(x["sps"] for x in results[args.processes])
     comm = statistics.median(x["comm_share_of_update"] for x in results[args.processes])
+    where = f"on {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}" if args.cuda else "on the CPU"
     print(f"\nPPO {args.env_id}, {args.envs_per_process} envs x {args.num_steps} steps per process, sync backend, 1 torch thread "
-          f"per process, {os.cpu_count()} CPU cores, median of {args.repeats} repeats\n")
+          f"per process, {os.cpu_count()} CPU cores, learner {where}, median of {args.repeats} repeats\n")
     print("| processes | SPS (median) | SPS (repeats) | all-reduce share of update | weak-scaling efficiency |")
     print("| --- | --- | --- | --- | --- |")
     def repeats(n: int) -> str:

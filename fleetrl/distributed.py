@@ -207,10 +207,7 @@ def init_distributed(cuda: bool, backend: str | None = None, timeout_s: float = 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     use_cuda = cuda and torch.cuda.is_available()
-    backend = backend or ("nccl" if use_cuda else "gloo")
-    if backend == "nccl" and not use_cuda:
-        raise FleetError("--dist-backend nccl needs CUDA GPUs, and none is available here. Use --dist-backend gloo on CPUs.")
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    device, backend = place_rank(torch.cuda.device_count() if use_cuda else 0, local_rank, local_world_size, backend)
     if use_cuda:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -224,6 +221,25 @@ def init_distributed(cuda: bool, backend: str | None = None, timeout_s: float = 
         device_id=device if backend == "nccl" else None,
     )
     return Dist(rank, world_size, local_rank, local_world_size, backend, device)
+
+
+def place_rank(gpus: int, local_rank: int, local_world_size: int, backend: str | None) -> tuple[torch.device, str]:
+    """This rank's device and the process-group backend: NCCL with one GPU per rank, gloo on CPUs.
+
+    With more ranks on a node than GPUs (e.g. 2 processes sharing 1 GPU) rank ``r`` uses GPU
+    ``r % gpus`` and the default backend is gloo, because NCCL refuses two ranks on one GPU.
+    """
+    if gpus == 0:
+        if backend == "nccl":
+            raise FleetError("--dist-backend nccl needs CUDA GPUs, and none is available here. Use --dist-backend gloo on CPUs.")
+        return torch.device("cpu"), backend or "gloo"
+    shared = local_world_size > gpus
+    if shared and backend == "nccl":
+        raise FleetError(
+            f"--dist-backend nccl cannot put two ranks on one GPU, and this node runs {local_world_size} processes on "
+            f"{gpus} GPU(s). Launch --nproc_per_node={gpus}, or leave --dist-backend unset (gloo shares the GPUs)."
+        )
+    return torch.device("cuda", local_rank % gpus), backend or ("gloo" if shared else "nccl")
 
 
 ROUND_STORE_KEY = "fleetrl/round_store"  # in torchrun's store: "PORT/NONCE" of the current round's store
@@ -295,4 +311,4 @@ def rank_seed(seed: int, rank: int, global_step: int = 0) -> int:
     return (seed + rank + 1_000_003 * global_step) % (2**31)
 
 
-__all__ = ["Dist", "init_distributed", "launched_by_torchrun", "rank_seed", "split_evenly"]
+__all__ = ["Dist", "init_distributed", "launched_by_torchrun", "place_rank", "rank_seed", "split_evenly"]

@@ -54,6 +54,18 @@ def test_work_that_does_not_split_over_ranks_is_refused_with_the_fix():
     assert split_evenly(8, 2, "x", "--num-envs") == 4
 
 
+def test_each_rank_gets_a_device_and_backend_that_can_run_it():
+    cpu, gpu = torch.device("cpu"), torch.device
+    assert distributed.place_rank(0, 1, 2, None) == (cpu, "gloo")
+    assert distributed.place_rank(2, 1, 2, None) == (gpu("cuda", 1), "nccl")  # one GPU per rank
+    assert distributed.place_rank(1, 1, 2, None) == (gpu("cuda", 0), "gloo")  # two ranks share the GPU: NCCL cannot
+    assert distributed.place_rank(2, 3, 4, "gloo") == (gpu("cuda", 1), "gloo")
+    with pytest.raises(FleetError, match="--nproc_per_node=1"):
+        distributed.place_rank(1, 1, 2, "nccl")
+    with pytest.raises(FleetError, match="gloo on CPUs"):
+        distributed.place_rank(0, 0, 1, "nccl")
+
+
 @pytest.mark.parametrize("stale", ["dead port", "live store, other nonce"])
 def test_a_restarted_round_skips_the_dead_rounds_store_announcement(monkeypatch, stale):
     # torchrun's shared store keeps the dead round's announcement; rank 1 must wait for this round's rank 0
