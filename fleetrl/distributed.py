@@ -26,6 +26,13 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 import torch.distributed as dist
+
+# torch.distributed.nn binds the default process group into its functions' default arguments when it is
+# first imported, and torch.optim imports it lazily. Imported after init_process_group, it keeps the gloo
+# group (and rank 0's round store) alive past destroy_process_group, so their threads are torn down during
+# interpreter exit, which now and then aborts a finished worker (SIGABRT) and makes torchrun restart a
+# job that was done. Imported here, before any group exists, it binds None.
+import torch.distributed.nn  # noqa: F401, E402
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from fleetrl.errors import FleetError

@@ -17,6 +17,7 @@ def fleetrl_env(threads: int = 1) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONFAULTHANDLER"] = "1"  # a worker that aborts (SIGABRT, SIGSEGV) prints its Python stacks into the test output
     return env
 
 

@@ -92,6 +92,28 @@ def test_a_restarted_round_skips_the_dead_rounds_store_announcement(monkeypatch,
     assert found["store"].get("from-rank-0") == b"hello", "both ranks share this round's store"
 
 
+CLOSE_AND_LIST_THREADS = """
+import gc, glob, torch
+from fleetrl.distributed import init_distributed
+d = init_distributed(cuda=False)
+torch.optim.Adam(torch.nn.Linear(2, 2).parameters())  # its first use imports torch.distributed.nn
+d.close()
+gc.collect()
+print(sorted(open(f).read().strip() for f in glob.glob("/proc/self/task/*/comm")))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lists threads through /proc")
+def test_closing_leaves_no_process_group_threads_for_interpreter_exit_to_tear_down():
+    # a group kept alive past destroy_process_group is torn down during interpreter exit, which now and
+    # then aborted a finished worker (SIGABRT) and made torchrun restart a job that was done
+    env = {**fleetrl_env(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    result = subprocess.run([sys.executable, "-c", CLOSE_AND_LIST_THREADS], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    threads = result.stdout.strip().splitlines()[-1]
+    assert "gloo" not in threads and "tcpstore" not in threads, threads
+
+
 @pytest.mark.slow
 def test_averaged_gradient_and_update_at_world_size_two_equal_world_size_one(tmp_path):
     script = str(TESTS_DIR / "dist_grad_check.py")
