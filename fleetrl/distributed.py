@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib
 import os
 import socket
 import time
@@ -26,13 +27,6 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 import torch.distributed as dist
-
-# torch.distributed.nn binds the default process group into its functions' default arguments when it is
-# first imported, and torch.optim imports it lazily. Imported after init_process_group, it keeps the gloo
-# group (and rank 0's round store) alive past destroy_process_group, so their threads are torn down during
-# interpreter exit, which now and then aborts a finished worker (SIGABRT) and makes torchrun restart a
-# job that was done. Imported here, before any group exists, it binds None.
-import torch.distributed.nn  # noqa: F401, E402
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from fleetrl.errors import FleetError
@@ -210,6 +204,12 @@ def init_distributed(cuda: bool, backend: str | None = None, timeout_s: float = 
     """Join the torchrun job if there is one (NCCL on CUDA, gloo on CPU; ``backend`` overrides)."""
     if not launched_by_torchrun():
         return Dist()
+    # torch.distributed.nn binds the default group into its functions' default arguments when first imported,
+    # and torch.optim imports it lazily. Imported after init_process_group, it keeps the gloo group (and rank 0's
+    # round store) alive past destroy_process_group, so their threads are torn down during interpreter exit,
+    # which now and then aborts a finished worker (SIGABRT) and makes torchrun restart a job that was done.
+    # Imported before the group exists, it binds None.
+    importlib.import_module("torch.distributed.nn")  # not `import`, which would make `torch` local here
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
