@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from fleetrl import checkpoint, config
+from fleetrl.accel import autocast, check_precision, choose_accel
 from fleetrl.distributed import Dist
 from fleetrl.envs import episode_stats, make_vector_env
 from fleetrl.errors import FleetError, NonFiniteLossError
@@ -102,7 +103,15 @@ class Args:
     env_backend: str = "auto"
     """vector backend: auto (chosen and explained at start), sync, async (worker processes), ale, envpool, gym-sync"""
     async_batch: int | None = None
-    """async backend: return the first K ready envs (PPO needs all: K = --num-envs, the default)"""
+    """return the first K ready envs each step (dynamic scheduling: a slow env does not idle the rest) [--num-envs]"""
+    policy_lag: int = 0
+    """0: every rollout uses the newest weights; 1: collect rollout k+1 with the weights of k while the learner trains on k"""
+    actor_device: str = "auto"
+    """where acting runs: cpu, the learner's device (`learner`), or auto (measured at start, the faster one)"""
+    precision: str = "auto"
+    """network precision: fp32, bf16 (autocast around the network only), or auto (bf16 where native and measured faster)"""
+    compile: bool = False
+    """wrap the learner step (and fixed-shape acting) in torch.compile; falls back to eager with a warning if it fails"""
     sticky_actions: float | None = None
     """Atari sticky-action probability [0 for NoFrameskip-v4 ids, 0.25 for ALE/...-v5]"""
     run_dir: str | None = None
@@ -138,6 +147,7 @@ def validate(args: Args) -> None:
     config.check_positive(num_envs=args.num_envs, num_steps=args.num_steps, num_minibatches=args.num_minibatches,
                           update_epochs=args.update_epochs, total_timesteps=args.total_timesteps, learning_rate=args.learning_rate,
                           checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
+    check_precision(args.precision)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         raise FleetError(
@@ -173,14 +183,17 @@ class Agent(nn.Module):
             self.critic = mlp(int(np.prod(obs_shape)), 1, out_std=1.0)
         if self.continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(1, num_outputs))
+        self.compute_dtype = torch.float32  # set by the engine's precision choice (fleetrl/accel.py)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Actor output (logits or Gaussian mean) and value."""
-        hidden = self.trunk(x)
-        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+        """Actor output (logits or Gaussian mean) and value, in fp32 whatever the network ran in."""
+        with autocast(x.device.type, self.compute_dtype):  # --precision: only the network runs in bf16
+            hidden = self.trunk(x)
+            return self.actor(hidden).float(), self.critic(hidden).float().squeeze(-1)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.trunk(x)).squeeze(-1)
+        with autocast(x.device.type, self.compute_dtype):
+            return self.critic(self.trunk(x)).float().squeeze(-1)
 
     def act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rollout: sample an action; return it with its log-probability and the value."""
@@ -263,6 +276,9 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
     dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
+    accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
+                         dist, verbose=dist.is_main)  # precision and memory format: measured at start, explained
+    loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
     grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
     actor = make_actor(agent, device, seed=run.seed)  # the engine's fastest exact acting path for this network
@@ -295,6 +311,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                     track=args.track, wandb_project=args.wandb_project_name, wandb_entity=args.wandb_entity, config=args)
     logger.hparams(args)
     logger.text("env_backend", f"{envs.backend}: {envs.backend_reason}")
+    logger.text("precision", f"{accel.label}: {accel.reason}")
     if dist.is_main:
         print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps"
               f"{f' over {dist.world_size} processes' if dist.enabled else ''}; logs in {args.run_dir}", flush=True)
@@ -354,29 +371,31 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
             with timer.learn:
                 agent.train()
                 batch = {k: v.to(device) for k, v in buffer.flat().items()}
-                clipfracs = []
+                clipfracs, losses = [], []
                 for epoch in range(args.update_epochs):
                     b_inds = torch.randperm(local_batch_size, device=device)
                     shuffled = {k: v[b_inds] for k, v in batch.items()}  # one gather per epoch; minibatches are views
                     for start in range(0, local_batch_size, local_minibatch_size):
                         mb = {k: v[start : start + local_minibatch_size] for k, v in shuffled.items()}
-                        loss, stats = ppo_loss(agent, mb, args, dist)
+                        loss, stats = loss_fn(agent, mb, args, dist)
                         optimizer.zero_grad()
                         loss.backward()
                         # wait for the gradients averaged over ranks; the loss and KL too, so every rank decides alike
                         loss_and_kl = grad_sync.finish(torch.stack([loss.detach(), stats["approx_kl"]]))
-                        if not torch.isfinite(loss_and_kl[0]):
-                            raise NonFiniteLossError(
-                                f"The loss became non-finite ({loss_and_kl[0].item()}) at iteration {iteration} (global step {global_step}); "
-                                f"the run stopped without saving. The last good checkpoint is {last_checkpoint or 'none (none was written yet)'}. "
-                                f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
-                            )
                         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                         optimizer.step()
                         clipfracs.append(stats["clipfrac"])
+                        losses.append(loss_and_kl[0])
 
                     if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
                         break
+                losses = torch.stack(losses)
+                if not torch.isfinite(losses).all():  # read once an iteration: no host sync per minibatch on a GPU
+                    raise NonFiniteLossError(
+                        f"The loss became non-finite ({losses[~torch.isfinite(losses)][0].item()}) at iteration {iteration} (global step {global_step}); "
+                        f"the run stopped without saving. The last good checkpoint is {last_checkpoint or 'none (none was written yet)'}. "
+                        f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
+                    )
 
             # ---------------------------------------------------------------- logging
             all_episodes = sorted(e for rank_episodes in dist.gather_objects(episodes) for e in rank_episodes)

@@ -103,7 +103,8 @@ class NumpyMLPActor:
 def make_actor(agent: nn.Module, device: torch.device, seed: int) -> TorchActor | NumpyMLPActor:
     """The fastest exact acting path for this agent: numpy for small float32 MLPs on the CPU, else torch."""
     params = list(agent.parameters())
-    on_cpu_fp32 = device.type == "cpu" and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params)
+    on_cpu_fp32 = (device.type == "cpu" and getattr(agent, "compute_dtype", torch.float32) == torch.float32  # bf16 acts as it learns
+                   and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params))
     if on_cpu_fp32 and isinstance(agent.trunk, nn.Identity):
         actor_layers, critic_layers = _numpy_layers(agent.actor), _numpy_layers(agent.critic)
         if actor_layers is not None and critic_layers is not None:
