@@ -1,0 +1,114 @@
+"""The GPU path, checked and timed in one go: PPO Breakout on one GPU, within about 8 minutes on a 16-core machine.
+
+    python benchmarks/gpu_check.py [--budget-s 480] [--iterations 8] [--markdown FILE]
+    python benchmarks/gpu_check.py --cpu-smoke      # the same code paths on the CPU, tiny, to check the script itself
+
+Each row is its own `fleetrl train ppo` process (fresh compile caches, fresh CUDA context), with EnvPool and CleanRL's
+Atari defaults except --num-envs. SPS is the median of charts/SPS_window over the iterations after the first two
+(compile and cuDNN autotuning land in those); GPU utilisation is the median of resources/gpu_util over the run.
+Rows: 64 and 32 envs; compile on and off; bf16 on and off; 1 against 2 processes sharing the GPU (torchrun, gloo).
+Rows that would overrun --budget-s are skipped and say so, so the script always ends in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from fleetrl.monitor.tbread import read_scalars
+
+WARMUP_ITERATIONS = 2  # compile, cuDNN benchmark and allocator warm-up happen here
+ROWS = [  # name, processes, global envs, extra flags
+    ("64 envs, fp32", 1, 64, ["--precision", "fp32"]),
+    ("32 envs, fp32", 1, 32, ["--precision", "fp32"]),
+    ("64 envs, bf16", 1, 64, ["--precision", "bf16"]),
+    ("64 envs, fp32, compile", 1, 64, ["--precision", "fp32", "--compile"]),
+    ("64 envs, bf16, compile", 1, 64, ["--precision", "bf16", "--compile"]),
+    ("64 envs, auto (defaults)", 1, 64, []),
+    ("2 processes x 32 envs, fp32", 2, 64, ["--precision", "fp32"]),
+]
+
+
+def run_row(processes: int, envs: int, flags: list[str], args: argparse.Namespace, run_dir: str, timeout: float) -> dict:
+    total = args.iterations * envs * args.num_steps
+    train = ["-m", "fleetrl", "train", "ppo", "--env-id", args.env_id, "--env-backend", args.backend,
+             "--num-envs", str(envs), "--num-steps", str(args.num_steps), "--total-timesteps", str(total),
+             "--no-progress", "--checkpoint-every", "100000", "--run-dir", run_dir,
+             "--cuda" if not args.cpu_smoke else "--no-cuda", *flags]
+    if processes == 1:
+        cmd = [sys.executable, *train]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", *train]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"status": "FAILED", "wall_s": wall, "error": proc.stderr.strip().splitlines()[-5:]}
+    sps = [p.value for p in read_scalars(run_dir, "charts/SPS_window")][WARMUP_ITERATIONS:]
+    util = [p.value for p in read_scalars(run_dir, "resources/gpu_util")]
+    chosen = [line for line in proc.stdout.splitlines() if line.startswith(("precision:", "env backend:", "compile:"))]
+    return {"status": "ok", "wall_s": wall, "sps": statistics.median(sps) if sps else float("nan"),
+            "gpu_util": statistics.median(util) if util else float("nan"), "chosen": chosen}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
+    parser.add_argument("--backend", default="envpool")
+    parser.add_argument("--num-steps", type=int, default=128)
+    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting rows once this much time is spent")
+    parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--cpu-smoke", action="store_true", help="run every row tiny on the CPU (checks the script)")
+    args = parser.parse_args()
+    rows = ROWS
+    if args.cpu_smoke:
+        args.iterations, args.num_steps, args.backend = WARMUP_ITERATIONS + 1, 16, "ale"
+        rows = [(name, p, max(2, e // 16), flags) for name, p, e, flags in ROWS]
+    elif not torch.cuda.is_available():
+        raise SystemExit("No CUDA GPU here: run this on a GPU machine, or pass --cpu-smoke to check the script on the CPU.")
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.cpu_smoke else platform.processor() or "CPU"
+    header = (f"# GPU check: {args.env_id}, {args.backend}, {args.num_steps} steps per env per iteration\n"
+              f"device: {device}; CPU cores: {os.cpu_count()}; torch {torch.__version__}; "
+              f"CUDA {torch.version.cuda}; {time.strftime('%Y-%m-%d %H:%M')}\n")
+    print(header, flush=True)
+    lines = ["| configuration | SPS (median after warm-up) | GPU util % (median) | wall s | chosen at start |", "| --- | --- | --- | --- | --- |"]
+    results = {}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, processes, envs, flags) in enumerate(rows):
+            left = args.budget_s - (time.perf_counter() - start)
+            if left < 30:
+                results[name] = {"status": "skipped: out of budget"}
+                lines.append(f"| {name} | skipped (out of the {args.budget_s:.0f} s budget) | | | |")
+                continue
+            try:
+                r = run_row(processes, envs, flags, args, os.path.join(tmp, f"row{i}"), timeout=left)
+            except subprocess.TimeoutExpired:
+                r = {"status": "timed out", "wall_s": left}
+            results[name] = r
+            if r["status"] == "ok":
+                lines.append(f"| {name} | {r['sps']:,.0f} | {r['gpu_util']:.0f} | {r['wall_s']:.0f} | {'; '.join(r['chosen'])} |")
+            else:
+                lines.append(f"| {name} | {r['status']} | | {r.get('wall_s', 0):.0f} | {' / '.join(r.get('error', []))[-300:]} |")
+            print(lines[-1], flush=True)
+    table = header + "\n" + "\n".join(lines) + "\n"
+    print("\n" + table)
+    print(json.dumps(results, default=str))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+
+
+if __name__ == "__main__":
+    main()
