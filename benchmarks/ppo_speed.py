@@ -99,8 +99,9 @@ def scenarios(extra: list[tuple[str, tuple[str, ...]]]) -> dict[str, Scenario]:
 
     lag: list[Variant] = []
     for how, env_id in (("busy-wait", BUSY_ENV), ("sleep", SLEEP_ENV)):
-        serial = f"{how}, --policy-lag 0 (serial)"
-        lag += [Variant(serial, "fleetrl", env_id, slow + ("--policy-lag", "0")),
+        serial = f"{how}, serial loop (--async-batch 8)"  # every env then every action, in turn: no overlap at all
+        lag += [Variant(serial, "fleetrl", env_id, slow + ("--policy-lag", "0", "--async-batch", "8")),
+                Variant(f"{how}, split (the default)", "fleetrl", env_id, slow + ("--policy-lag", "0"), baseline=serial),
                 Variant(f"{how}, --policy-lag 1", "fleetrl", env_id, slow + ("--policy-lag", "1"), baseline=serial)]
     straggle = slow + ("--async-batch", "4")
     return {

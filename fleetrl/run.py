@@ -3,7 +3,8 @@
 ``Run.start`` does, in order: join the torchrun job (if any); on rank 0, find and safely load the
 checkpoint to resume (``--resume PATH`` or ``--resume auto``) and broadcast it; merge the saved
 arguments with the flags given again; fill the env family's defaults; validate; split the global
-``--num-envs`` over the ranks; pick the run folder, the seeds, the threads and the device.
+``--num-envs`` over the ranks; pick the run folder, the seeds, the thread plan (``run.threads``:
+torch's threads are set here, the env workers by ``make_vector_env(threads=run.threads)``) and the device.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from fleetrl.distributed import Dist, init_distributed, rank_seed, split_evenly
 from fleetrl.envs import EnvFamily, env_family
 from fleetrl.errors import FleetError
 
+IMAGE_FAMILIES = ("atari", "procgen")  # the families trained with a CNN; the others with small MLPs (for the thread plan)
+
 
 @dataclass
 class Run:
@@ -28,6 +31,7 @@ class Run:
     resumed: dict[str, Any] | None  # the checkpoint this run continues from
     global_step: int = 0
     start_iteration: int = 0
+    threads: runtime.ThreadPlan | None = None  # who gets this process's cores; printed with describe(backend)
 
     @classmethod
     def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[[Any], None]) -> "Run":
@@ -68,13 +72,21 @@ class Run:
         runtime.seed_everything(run.seed, args.torch_deterministic)
         if resumed is not None and dist.world_size == 1 and resumed.get("world_size", 1) == 1:
             checkpoint.set_rng_state(resumed["rng"])  # same single process: continue the exact streams
-        runtime.set_torch_threads(args.torch_threads, dist.local_world_size)
+        cnn = family.name in IMAGE_FAMILIES
+        # a CNN's spinning threads collapse beside other jobs; sleeping ones do not (docs/backends.md, "Thread plan")
+        watch = cnn and args.torch_threads is None and not runtime.threads_wait_passively()
+        busy = runtime.busy_cores_elsewhere() if watch else 0.0
+        run.threads = runtime.plan_threads(os.cpu_count(), dist.local_world_size, local_num_envs, cnn=cnn,
+                                           policy_lag=getattr(args, "policy_lag", 0), torch_threads=args.torch_threads, busy_elsewhere=busy)
+        runtime.apply_thread_plan(run.threads)
         run.device = dist.device if dist.enabled else runtime.pick_device(args.cuda, warn="cuda" in explicit and dist.is_main)
         return run
 
     @property
     def cores(self) -> int:
         """The CPU cores this process may use: the machine's share for each process on it."""
+        if self.threads is not None:
+            return self.threads.cores
         return max(1, (os.cpu_count() or 1) // self.dist.local_world_size)
 
     @property

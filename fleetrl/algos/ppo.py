@@ -23,7 +23,7 @@ from torch import nn
 from fleetrl import checkpoint, config
 from fleetrl.accel import autocast, check_precision, choose_accel
 from fleetrl.distributed import Dist
-from fleetrl.envs import episode_stats, make_vector_env
+from fleetrl.envs import make_vector_env
 from fleetrl.errors import FleetError, NonFiniteLossError
 from fleetrl.monitor import Logger, PhaseTimer, Progress, ResourceSampler, TrainResult, describe_usage
 from fleetrl.run import Run
@@ -39,8 +39,7 @@ from fleetrl.nets import (
     mlp,
 )
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
-from fleetrl.sampling.acting import make_actor
-from fleetrl.sampling.rollout import RolloutBuffer
+from fleetrl.sampling.sampler import Sampler, check_sampling_flags, local_async_batch
 
 
 # ============================================================================ arguments
@@ -103,7 +102,7 @@ class Args:
     env_backend: str = "auto"
     """vector backend: auto (chosen and explained at start), sync, async (worker processes), ale, envpool, gym-sync"""
     async_batch: int | None = None
-    """return the first K ready envs each step (dynamic scheduling: a slow env does not idle the rest) [--num-envs]"""
+    """return the first K ready envs each step (dynamic scheduling: a slow env does not idle the rest); = --num-envs: the serial loop [unset: two env groups take turns where the backend steps in the background, docs/sampling.md]"""
     policy_lag: int = 0
     """0: every rollout uses the newest weights; 1: collect rollout k+1 with the weights of k while the learner trains on k"""
     actor_device: str = "auto"
@@ -155,11 +154,7 @@ def validate(args: Args) -> None:
             f"into --num-minibatches {args.num_minibatches}. Choose --num-minibatches that divides {batch_size}, "
             f"or change --num-envs/--num-steps."
         )
-    if args.async_batch is not None and args.async_batch != args.num_envs:
-        raise FleetError(
-            f"PPO steps every env each step, so --async-batch must equal --num-envs ({args.num_envs}), got {args.async_batch}. "
-            f"Leave --async-batch out; returning the first K ready envs is for `fleetrl bench-env` until sampling overlaps learning."
-        )
+    check_sampling_flags(args.num_envs, args.async_batch, args.policy_lag, args.actor_device)
     if args.total_timesteps < batch_size:
         raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size}); raise it.")
 
@@ -270,8 +265,10 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     local_minibatch_size = local_batch_size // args.num_minibatches  # each rank's 1/W of a global minibatch
     num_iterations = args.total_timesteps // batch_size
 
+    async_batch = local_async_batch(args, run.local_num_envs)  # None: every env each step
     envs = make_vector_env(args.env_id, run.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions,
-                           family=family, async_batch=args.async_batch and run.local_num_envs, cores=run.cores, verbose=dist.is_main,
+                           family=family, async_batch=async_batch, cores=run.cores, verbose=dist.is_main, threads=run.threads,
+                           split=async_batch is None,  # auto probes the backends as the sampler will step them
                            video_dir=f"{args.run_dir}/videos" if args.capture_video and dist.is_main else None)
     obs_shape = envs.single_observation_space.shape
     agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
@@ -281,13 +278,10 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
     grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
-    actor = make_actor(agent, device, seed=run.seed)  # the engine's fastest exact acting path for this network
     # continuous control normalises observations and rewards in the trainer: one set of statistics for
-    # all envs of all ranks (their sums are all-reduced every step)
+    # all envs of all ranks (their sums are all-reduced every step, or once an iteration with --policy-lag 1)
     obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if family.continuous else None
     reward_norm = RewardNormalizer(run.local_num_envs, args.gamma, dist.allreduce_sum_np) if family.continuous else None
-    if family.continuous:
-        action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
     global_step = run.global_step
     if run.resumed is not None:
@@ -296,11 +290,9 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         if obs_norm is not None:
             obs_norm.rms.load_state_dict(run.resumed["obs_rms"])
             reward_norm.rms.load_state_dict(run.resumed["reward_rms"])
-        if dist.world_size == 1 and run.resumed.get("world_size", 1) == 1:
-            actor.load_state_dict(run.resumed["actor"])
 
     def save() -> str | None:
-        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "actor": actor.state_dict(),
+        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "actor": sampler.state_dict(),
                  "global_step": global_step, "iteration": iteration, "algo": "ppo", "family": family.name}
         if obs_norm is not None:
             state["obs_rms"], state["reward_rms"] = obs_norm.rms.state_dict(), reward_norm.rms.state_dict()
@@ -312,6 +304,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     logger.hparams(args)
     logger.text("env_backend", f"{envs.backend}: {envs.backend_reason}")
     logger.text("precision", f"{accel.label}: {accel.reason}")
+    logger.text("thread_plan", envs.thread_plan)
     if dist.is_main:
         print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps"
               f"{f' over {dist.world_size} processes' if dist.enabled else ''}; logs in {args.run_dir}", flush=True)
@@ -321,11 +314,12 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     dist.comm_phase = timer.comm
     result = TrainResult(args.run_dir)
 
-    obs_dtype = np.uint8 if envs.single_observation_space.dtype == np.uint8 else np.float32  # images stay compact
-    buffer = RolloutBuffer(args.num_steps, run.local_num_envs, obs_shape, obs_dtype, envs.single_action_space.shape, envs.single_action_space.dtype)
-    next_obs, _ = envs.reset(seed=run.env_seed)
-    if obs_norm is not None:
-        next_obs = obs_norm(next_obs)
+    # the rollout engine: acting weights, sampling RNG, buffers; serial, split, first-ready or one update behind
+    sampler = Sampler(envs, agent, args.num_steps, device=device, seed=run.seed, env_seed=run.env_seed, timer=timer,
+                      actor_device=args.actor_device, policy_lag=args.policy_lag, async_batch=async_batch,
+                      obs_norm=obs_norm, reward_norm=reward_norm, global_step=global_step, global_envs=args.num_envs, verbose=dist.is_main)
+    if run.resumed is not None and dist.world_size == 1 and run.resumed.get("world_size", 1) == 1:
+        sampler.load_state_dict(run.resumed["actor"])  # same single process: continue the sampling noise
     start_time, start_step = time.perf_counter(), global_step
     iteration, last_checkpoint = run.start_iteration, None
 
@@ -336,36 +330,12 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ---------------------------------------------------------------- rollout
-            agent.eval()
-            episodes = []  # (global step, return, length) of the episodes this rank finished
-            for step in range(args.num_steps):
-                global_step += args.num_envs
-                buffer.obs[step] = next_obs
-                with timer.inference:
-                    action, logprob, value = actor.act(buffer.obs[step])
-                    buffer.actions[step], buffer.logprobs[step], buffer.values[step] = action, logprob, value
-                env_action = np.clip(action, action_low, action_high) if family.continuous else action
-
-                with timer.env:
-                    next_obs, reward, terminated, truncated, info = envs.step(env_action)
-                done = terminated | truncated
-                if reward_norm is not None:
-                    reward = reward_norm(reward, done)
-                    next_obs = obs_norm(next_obs)
-                buffer.rewards[step], buffer.terminated[step], buffer.dones[step] = reward, terminated, done
-                buffer.final_values[step] = 0.0
-                if truncated.any():  # bootstrap a time limit from the value of the final observation
-                    final_obs = info["final_obs"][truncated]
-                    if obs_norm is not None:
-                        final_obs = obs_norm.normalize(final_obs)
-                    with timer.inference:
-                        buffer.final_values[step, truncated] = actor.value(final_obs)
-                episodes += [(global_step, r, l) for r, l in episode_stats(info)]
+            buffer = sampler.collect()  # num_steps x num_envs transitions (fleetrl/sampling/sampler.py, docs/sampling.md)
+            global_step, episodes = buffer.global_step, buffer.episodes  # episodes: (global step, return, length) on this rank
 
             # ---------------------------------------------------------------- advantage
             with timer.learn:
-                last_values = actor.value(next_obs)
-                buffer.compute_advantages(last_values, args.gamma, args.gae_lambda)
+                buffer.compute_advantages(buffer.last_values, args.gamma, args.gae_lambda)
 
             # ---------------------------------------------------------------- update
             with timer.learn:
@@ -396,6 +366,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                         f"the run stopped without saving. The last good checkpoint is {last_checkpoint or 'none (none was written yet)'}. "
                         f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
                     )
+            sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
 
             # ---------------------------------------------------------------- logging
             all_episodes = sorted(e for rank_episodes in dist.gather_objects(episodes) for e in rank_episodes)
@@ -414,6 +385,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 "losses/explained_variance": explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np),
                 "charts/SPS": sps,
                 "charts/SPS_window": batch_size / timer.last_lap_seconds,
+                "charts/policy_lag": sampler.policy_lag,
             }, global_step)
             usage = resources.latest()
             logger.monitor_scalars({**perf, **usage}, global_step, last=iteration == num_iterations)
@@ -426,7 +398,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         resources.stop()
         progress.close()
         logger.close()
-        envs.close()
+        sampler.close()  # stops the sampler thread, closes the envs
         run.close()
 
     if dist.is_main:

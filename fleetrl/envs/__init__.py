@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from fleetrl.envs.registry import EnvFactory, EnvFamily, env_family, env_spec
 from fleetrl.envs.vector import GymSyncVectorEnv, SyncVectorEnv, episode_stats
 from fleetrl.errors import FleetError
+
+if TYPE_CHECKING:  # the env layer does not import torch at runtime (worker processes import it too)
+    from fleetrl.runtime import ThreadPlan
 
 BACKENDS = (
     "auto",  # chosen from the family, the cores and the installed extras (fleetrl/envs/auto.py)
@@ -30,12 +34,20 @@ def make_vector_env(
     verbose: bool = False,
     video_dir: str | None = None,
     every_episode: bool = False,
+    split: bool = False,
+    threads: ThreadPlan | None = None,
 ):
     """Build ``num_envs`` copies of ``env_id`` behind the vector interface of :mod:`fleetrl.envs.vector`.
 
     ``cores``: the CPU cores this process may use (under torchrun: its share of the machine).
     ``video_dir``: record env 0's episodes there as MP4 (backends that step Python envs: sync, async);
     CleanRL's capped cubic schedule of episodes, or ``every_episode``.
+    ``split``: the trainer steps two halves of the envs alternately by send/recv (the zero-lag
+    sampler), so ``auto`` measures the Atari backends that way.
+    ``threads``: the run's thread plan (:func:`fleetrl.runtime.plan_threads`); its ``env_workers``
+    sets the async backend's worker processes and ale/EnvPool's threads (without a plan: one per
+    core of ``cores``, at most one per env). With ``verbose`` the plan is printed after the backend; it is attached to the
+    envs as ``thread_plan`` (one line, for the logs).
     """
     family = family or env_family(env_id)
     if backend not in BACKENDS:
@@ -45,19 +57,25 @@ def make_vector_env(
     if backend == "auto":
         from fleetrl.envs.auto import choose_backend
 
-        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None)
+        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None, split=split)
         backend, reason = choice.backend, f"auto: {choice.reason}"
     if video_dir and backend not in ("sync", "async", "gym-sync"):
         raise FleetError(f"--capture-video renders frames from Python envs, which the {backend} backend does not have. "
                          f"Use --env-backend sync or async (or auto) with --capture-video.")
+    workers = min(threads.env_workers if threads is not None else cores, num_envs)
+    thread_plan = threads.describe(backend) if threads is not None else None
     if verbose:
         print(f"env backend: {backend} ({reason})", flush=True)
-    envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, cores, video_dir, every_episode)
-    envs.backend, envs.backend_reason = backend, reason  # logged by the trainer
+        if thread_plan:
+            print(thread_plan, flush=True)
+    envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode)
+    envs.backend, envs.backend_reason, envs.thread_plan = backend, reason, thread_plan  # logged by the trainer
     return envs
 
 
-def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, cores, video_dir, every_episode):
+def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode):
+    # ``workers``: worker processes (async) or C++ threads (ale, envpool): explicit, so that several
+    # training processes on one machine do not each start a thread per core
     if family.name == "procgen" and backend != "envpool":
         raise FleetError(f"{env_id} is a Procgen env, which only EnvPool provides: use --env-backend envpool (or auto).")
     if backend == "ale":
@@ -65,17 +83,18 @@ def _build(env_id, num_envs, backend, training, sticky_actions, family, async_ba
 
         if family.name != "atari":
             raise FleetError(f"--env-backend ale runs Atari games only, and {env_id} is a {family.name} env. Use sync, async or auto.")
-        return AleVectorEnv(env_id, num_envs, training, sticky_actions)
+        return AleVectorEnv(env_id, num_envs, training, sticky_actions, num_threads=workers, async_batch=async_batch)
     if backend == "envpool":
         from fleetrl.envs.native import EnvPoolVectorEnv
 
-        return EnvPoolVectorEnv(env_id, num_envs, training, sticky_actions, family=family.name)
+        return EnvPoolVectorEnv(env_id, num_envs, training, sticky_actions, family=family.name, num_threads=workers,
+                                async_batch=async_batch)
     factories = [EnvFactory(env_id, family.name, training, sticky_actions, video_dir if i == 0 else None, every_episode)
                  for i in range(num_envs)]
     if backend == "async":
         from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
 
-        return SharedMemoryVectorEnv(factories, num_workers=min(num_envs, cores), async_batch=async_batch)
+        return SharedMemoryVectorEnv(factories, num_workers=workers, async_batch=async_batch)
     return (GymSyncVectorEnv if backend == "gym-sync" else SyncVectorEnv)(factories)
 
 

@@ -576,9 +576,20 @@ class SharedMemoryVectorEnv:
         for w in workers:
             self._command(w, _STEP)
 
-    def recv(self) -> RecvResult:
-        """The first ``async_batch`` envs to finish: ``obs, reward, terminated, truncated, info, env_ids``."""
+    def recv(self, env_ids: np.ndarray | Sequence[int] | None = None) -> RecvResult:
+        """The first ``async_batch`` envs to finish: ``obs, reward, terminated, truncated, info, env_ids``.
+
+        ``env_ids``: wait for exactly these envs instead (whole worker groups that were sent), as the
+        zero-lag sampler does with its two halves; results of other envs that finish meanwhile wait.
+        """
         self._check_open()
+        if env_ids is not None:
+            workers = self._workers_of(np.asarray(env_ids, dtype=np.int64).reshape(-1))
+            for w in workers:
+                if not (self._in_flight[w] or w in self._ready):
+                    lo, hi = self._bounds[w]
+                    raise FleetError(f"recv() waits for envs {lo}..{hi - 1}, which were not sent; send() them first.")
+            return self._gather(self._collect_workers(workers))
         pending = sum(self._group_size[w] for w in range(self.num_workers) if self._in_flight[w])
         pending += sum(self._group_size[w] for w in self._ready)
         if pending < self.async_batch:
@@ -587,6 +598,13 @@ class SharedMemoryVectorEnv:
                 f"send() actions to more envs first."
             )
         return self._gather(self._collect(self.async_batch))
+
+    steps_in_background = True  # send() returns at once; the workers step while the caller computes
+
+    def split(self, count: int) -> list[np.ndarray]:
+        """Up to ``count`` groups of env ids, each of whole worker groups, to send and receive apart."""
+        groups = np.array_split(np.arange(self.num_workers), min(count, self.num_workers))
+        return [np.concatenate([self._env_ids_all[slice(*self._bounds[w])] for w in workers]) for workers in groups]
 
     @property
     def worker_pids(self) -> list[int | None]:
@@ -676,6 +694,14 @@ class SharedMemoryVectorEnv:
             count += self._group_size[w]
         workers.sort()  # deterministic order within a batch: env_ids ascending
         return workers
+
+    def _collect_workers(self, workers: list[int]) -> list[int]:
+        """Wait until all of ``workers`` are ready and take them; other ready workers stay queued."""
+        while not set(workers).issubset(self._ready):
+            self._wait_for_results()
+        for w in workers:
+            self._ready.remove(w)
+        return sorted(workers)
 
     def _wait_for_results(self) -> None:
         """Block until at least one worker reports; raise EnvWorkerError on a failure or a death."""

@@ -19,15 +19,30 @@ A vector env steps ``num_envs`` copies of one environment:
   ``info["episode"]["l"][i]`` its length in agent steps, with the mask ``info["_episode"]``.
 * These info keys are present only on steps where at least one env finished.
 
+Stepping groups of envs separately (EnvPool's send/recv model; every backend but ``gym-sync``):
+
+    envs.send(actions, env_ids)               # start stepping these envs (all if None)
+    obs, reward, terminated, truncated, info, env_ids = envs.recv()
+
+* ``recv()`` returns the first ``async_batch`` envs that are ready on backends that step in the
+  background with ``async_batch`` below ``num_envs``, else the group sent first; ``recv(env_ids)``
+  waits for exactly that group. Arrays are indexed by position in the returned ``env_ids``, and the
+  same-step autoreset and info keys hold per returned env.
+* ``envs.split(2)`` names groups of env ids that can be sent and received apart (whole worker groups
+  or sub-pools); ``envs.steps_in_background`` says whether envs step while the caller computes.
+
 docs/backends.md holds the same spec with the backend-by-backend details.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
+
+from fleetrl.errors import FleetError
 
 
 class SyncVectorEnv:
@@ -35,7 +50,11 @@ class SyncVectorEnv:
 
     It does what gymnasium's ``SyncVectorEnv`` in SAME_STEP mode does (the tests check they agree
     step for step) at a third of its per-step overhead, which matters for cheap envs like CartPole.
+    Its send/recv steps nothing in the background (``recv`` steps the envs): it lets the sampler's
+    group-by-group loop run, and be tested, on this backend too.
     """
+
+    steps_in_background = False
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]):
         self.envs = [fn() for fn in env_fns]
@@ -44,36 +63,60 @@ class SyncVectorEnv:
         self.single_action_space = self.envs[0].action_space
         self._obs_shape = (self.num_envs, *self.single_observation_space.shape)
         self._obs_dtype = self.single_observation_space.dtype
+        self._sent: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (env ids, actions) not yet received
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        self._sent.clear()
         obs = np.empty(self._obs_shape, self._obs_dtype)
         for i, env in enumerate(self.envs):
             obs[i], _ = env.reset(seed=None if seed is None else seed + i)
         return obs, {}
 
     def step(self, actions: np.ndarray):
-        n = self.num_envs
-        obs = np.empty(self._obs_shape, self._obs_dtype)
+        return self._step(range(self.num_envs), actions)[:5]
+
+    def send(self, actions: np.ndarray, env_ids: np.ndarray | Sequence[int] | None = None) -> None:
+        """Queue a step of ``env_ids`` (all if None); the next ``recv`` takes it."""
+        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64).reshape(-1)
+        self._sent.append((ids, np.asarray(actions)))
+
+    def recv(self, env_ids: np.ndarray | Sequence[int] | None = None):
+        """Step the envs of the oldest ``send`` (or of the one for ``env_ids``): ``obs, ..., info, env_ids``."""
+        if not self._sent:
+            raise FleetError("recv() has nothing to step: send() actions first.")
+        index = 0 if env_ids is None else _find_sent(self._sent, env_ids)
+        ids, actions = self._sent[index]
+        del self._sent[index]
+        return self._step(ids, actions)
+
+    def split(self, count: int) -> list[np.ndarray]:
+        """``count`` groups of env ids to send and receive apart (any split: envs step one by one)."""
+        return [ids for ids in np.array_split(np.arange(self.num_envs), count) if len(ids)]
+
+    def _step(self, ids: Sequence[int], actions: np.ndarray):
+        n = len(ids)
+        obs = np.empty((n, *self._obs_shape[1:]), self._obs_dtype)
         reward = np.empty(n, np.float64)
         terminated = np.empty(n, bool)
         truncated = np.empty(n, bool)
         info: dict[str, Any] = {}
-        for i, env in enumerate(self.envs):
-            ob, reward[i], terminated[i], truncated[i], env_info = env.step(actions[i])
-            if terminated[i] or truncated[i]:
+        for k, i in enumerate(ids):
+            env = self.envs[i]
+            ob, reward[k], terminated[k], truncated[k], env_info = env.step(actions[k])
+            if terminated[k] or truncated[k]:
                 if not info:
                     info = {"final_obs": np.zeros_like(obs), "_final_obs": np.zeros(n, bool)}
-                info["final_obs"][i], info["_final_obs"][i] = ob, True
+                info["final_obs"][k], info["_final_obs"][k] = ob, True
                 if "episode" in env_info:
                     if "episode" not in info:
                         info["episode"] = {"r": np.zeros(n, np.float64), "l": np.zeros(n, np.int64)}
                         info["_episode"] = np.zeros(n, bool)
-                    info["episode"]["r"][i] = env_info["episode"]["r"]
-                    info["episode"]["l"][i] = env_info["episode"]["l"]
-                    info["_episode"][i] = True
+                    info["episode"]["r"][k] = env_info["episode"]["r"]
+                    info["episode"]["l"][k] = env_info["episode"]["l"]
+                    info["_episode"][k] = True
                 ob, _ = env.reset()
-            obs[i] = ob
-        return obs, reward, terminated, truncated, info
+            obs[k] = ob
+        return obs, reward, terminated, truncated, info, np.asarray(ids)
 
     def close(self) -> None:
         for env in self.envs:
@@ -86,6 +129,8 @@ class GymSyncVectorEnv:
     Each sub-env must carry :class:`fleetrl.envs.wrappers.EpisodeStats`, which reports
     ``info["episode"] = {"r": ..., "l": ...}`` when the episode really ends.
     """
+
+    steps_in_background = False
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]):
         self._envs = gym.vector.SyncVectorEnv(list(env_fns), autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -113,8 +158,30 @@ class GymSyncVectorEnv:
                 info["_episode"] = finished["_episode"]
         return obs, reward, terminated, truncated, info
 
+    def send(self, actions: np.ndarray, env_ids: np.ndarray | Sequence[int] | None = None) -> None:
+        """gymnasium steps every env together: ``env_ids`` must be all of them (or None)."""
+        if env_ids is not None and not np.array_equal(np.sort(np.asarray(env_ids)), np.arange(self.num_envs)):
+            raise FleetError("The gym-sync backend steps every env together; send() takes all env ids. "
+                             "Use --env-backend sync or async to step groups of envs apart.")
+        self._sent = np.asarray(actions)
+
+    def recv(self, env_ids: np.ndarray | Sequence[int] | None = None):
+        return (*self.step(self._sent), np.arange(self.num_envs))
+
+    def split(self, count: int) -> list[np.ndarray]:
+        return [np.arange(self.num_envs)]
+
     def close(self) -> None:
         self._envs.close()
+
+
+def _find_sent(sent: deque, env_ids: np.ndarray | Sequence[int]) -> int:
+    """The position of the queued send for exactly ``env_ids``."""
+    wanted = np.asarray(env_ids).reshape(-1)
+    for index, (ids, _) in enumerate(sent):
+        if np.array_equal(ids, wanted):
+            return index
+    raise FleetError(f"recv({wanted.tolist()}) names envs that were not sent together; pass the env_ids given to send().")
 
 
 def episode_stats(info: dict[str, Any]) -> list[tuple[float, int]]:

@@ -1,1 +1,2 @@
-"""Sampling layer: the rollout buffer the sampler fills, advantage estimation, running normalisation."""
+"""Sampling layer: the sampler (serial, split, first-ready or lagged rollouts), the rollout buffer it fills,
+advantage estimation, running normalisation and the acting policy."""

@@ -1,14 +1,20 @@
 """The acting policy the sampler calls every step: numpy observations in, numpy actions out.
 
 An actor-critic here has ``trunk``, ``actor`` and ``critic`` modules, ``continuous`` and (for
-Gaussian policies) ``actor_logstd``, plus ``act(x)`` and ``get_value(x)`` (see algos/ppo.py).
+Gaussian policies) ``actor_logstd``; calling it returns the actor output (logits or Gaussian mean)
+and the value, in fp32 (see algos/ppo.py).
 
 Two implementations with the same results:
 * :class:`TorchActor` calls the network itself (CNNs, GPUs, anything).
 * :class:`NumpyMLPActor` serves small MLPs on the CPU. At CartPole sizes a torch call costs
   ~100 µs of per-op overhead against ~1 µs of arithmetic, so it runs the same layers in numpy over
-  views of the live parameters: no copy, and the optimiser's in-place updates are seen at once.
+  views of the module's parameters: no copy, and in-place updates of them are seen at once.
   Its log-probabilities agree with the learner's to float32 rounding (the tests check it).
+
+Both draw their sampling noise from their own numpy Generator (:meth:`noise`), never from torch's
+global RNG, and sample on the host with one function (:func:`sample`). So a rollout is reproducible
+whichever thread or device acts, and the sampler can draw one step's noise for all envs at once and
+hand each group of envs its slice: the same actions as stepping all envs together.
 """
 
 from __future__ import annotations
@@ -23,29 +29,81 @@ from torch import nn
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0.0)}
 
+ActResult = tuple[np.ndarray, np.ndarray, np.ndarray]  # action, log-probability, value
 
-class TorchActor:
-    def __init__(self, agent: nn.Module, device: torch.device):
+
+def sample(out: np.ndarray, logstd: np.ndarray | None, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Actions and their log-probabilities from the actor output and pre-drawn noise.
+
+    Gaussian (``logstd`` given): ``noise`` is standard normal. Categorical: ``noise`` is Exp(1), and
+    ``-log(noise)`` is Gumbel noise (the Gumbel-max trick, as ``fleetrl.nets.categorical_sample``).
+    """
+    if logstd is not None:
+        action = out + np.exp(logstd) * noise
+        logprob = (-0.5 * noise * noise - logstd - LOG_SQRT_2PI).sum(-1)
+        return action, logprob.astype(np.float32)
+    shifted = out - out.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    action = (log_probs - np.log(noise)).argmax(-1)
+    return action, np.take_along_axis(log_probs, action[:, None], -1)[:, 0]
+
+
+class _Sampling:
+    """The noise and its RNG state, shared by both actors."""
+
+    def __init__(self, num_outputs: int, continuous: bool, seed: int):
+        self.num_outputs, self.continuous = num_outputs, continuous
+        self.rng = np.random.default_rng(seed)
+
+    def noise(self, n: int) -> np.ndarray:
+        """One step's sampling noise for ``n`` envs (row i for the i-th env acted on)."""
+        if self.continuous:
+            return self.rng.standard_normal((n, self.num_outputs), dtype=np.float32)
+        return self.rng.exponential(size=(n, self.num_outputs))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"numpy_rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "numpy_rng" in state:  # checkpoints from before the torch actor had its own RNG carry none
+            self.rng.bit_generator.state = state["numpy_rng"]
+
+
+class TorchActor(_Sampling):
+    def __init__(self, agent: nn.Module, device: torch.device, seed: int = 0):
+        super().__init__(_num_outputs(agent), agent.continuous, seed)
         self.agent, self.device = agent, device
+        self._staging: dict = {}  # pinned host buffers by (shape, dtype), CUDA only
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
         # uint8 images travel as bytes (the network scales them); any other observation as float32
-        return torch.as_tensor(obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False), device=self.device)
+        x = torch.as_tensor(obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False))
+        if self.device.type != "cuda":
+            return x.to(self.device)
+        # through pinned host memory the copy is a DMA that does not block the host; the result's copy back
+        # (which waits for this stream) comes before the staging buffer is reused
+        staging = self._staging.get((x.shape, x.dtype))
+        if staging is None:
+            staging = self._staging[(x.shape, x.dtype)] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        staging.copy_(x)
+        return staging.to(self.device, non_blocking=True)
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(self, obs: np.ndarray, noise: np.ndarray | None = None) -> ActResult:
         with torch.inference_mode():
-            action, logprob, value = self.agent.act(self._tensor(obs))
-            return action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
+            out, value = self.agent(self._tensor(obs))
+            host = torch.cat([out, value[:, None]], 1).cpu().numpy()  # one device-to-host copy
+            logstd = self.agent.actor_logstd.detach()[0].cpu().numpy() if self.continuous else None
+        action, logprob = sample(host[:, :-1], logstd, self.noise(len(obs)) if noise is None else noise)
+        return action, logprob, host[:, -1]
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return self.agent.get_value(self._tensor(obs)).cpu().numpy()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}  # sampling uses torch's global RNG, saved with the checkpoint
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+def _num_outputs(agent: nn.Module) -> int:
+    """Actions (categorical) or action dimensions (Gaussian): the width of the actor's last layer."""
+    return [m for m in agent.actor.modules() if isinstance(m, nn.Linear)][-1].out_features
 
 
 def _numpy_layers(seq: nn.Module) -> list | None:
@@ -69,39 +127,27 @@ def _forward(layers: list, x: np.ndarray) -> np.ndarray:
     return x
 
 
-class NumpyMLPActor:
+class NumpyMLPActor(_Sampling):
     def __init__(self, actor_layers: list, critic_layers: list, logstd: np.ndarray | None, seed: int):
+        super().__init__(actor_layers[-1][0].shape[1], logstd is not None, seed)
         self.actor_layers, self.critic_layers, self.logstd = actor_layers, critic_layers, logstd
-        self.rng = np.random.default_rng(seed)
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(self, obs: np.ndarray, noise: np.ndarray | None = None) -> ActResult:
         obs = obs.astype(np.float32, copy=False)
         out = _forward(self.actor_layers, obs)
         value = _forward(self.critic_layers, obs)[:, 0]
-        if self.logstd is not None:  # diagonal Gaussian
-            noise = self.rng.standard_normal(out.shape, dtype=np.float32)
-            action = out + np.exp(self.logstd) * noise
-            logprob = (-0.5 * noise * noise - self.logstd - LOG_SQRT_2PI).sum(-1)
-            return action, logprob.astype(np.float32), value
-        # categorical, sampled by the Gumbel-max trick
-        shifted = out - out.max(-1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-        action = (log_probs - np.log(self.rng.exponential(size=out.shape))).argmax(-1)
-        return action, np.take_along_axis(log_probs, action[:, None], -1)[:, 0], value
+        action, logprob = sample(out, self.logstd, self.noise(len(obs)) if noise is None else noise)
+        return action, logprob, value
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return _forward(self.critic_layers, obs.astype(np.float32, copy=False))[:, 0]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"numpy_rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "numpy_rng" in state:
-            self.rng.bit_generator.state = state["numpy_rng"]
-
 
 def make_actor(agent: nn.Module, device: torch.device, seed: int) -> TorchActor | NumpyMLPActor:
-    """The fastest exact acting path for this agent: numpy for small float32 MLPs on the CPU, else torch."""
+    """The fastest exact acting path for this agent: numpy for small float32 MLPs on the CPU, else torch.
+
+    The actor reads ``agent``'s parameters as they are when it acts: give it a copy of the learner's
+    network when the learner may change them meanwhile (see fleetrl/sampling/sampler.py)."""
     params = list(agent.parameters())
     on_cpu_fp32 = (device.type == "cpu" and getattr(agent, "compute_dtype", torch.float32) == torch.float32  # bf16 acts as it learns
                    and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params))
@@ -110,4 +156,4 @@ def make_actor(agent: nn.Module, device: torch.device, seed: int) -> TorchActor 
         if actor_layers is not None and critic_layers is not None:
             logstd = agent.actor_logstd.detach().numpy()[0] if agent.continuous else None
             return NumpyMLPActor(actor_layers, critic_layers, logstd, seed)
-    return TorchActor(agent, device)
+    return TorchActor(agent, device, seed)

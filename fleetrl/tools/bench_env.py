@@ -13,7 +13,9 @@ import os
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -71,33 +73,69 @@ def random_actions(space: gym.Space, count: int, rng: np.random.Generator) -> np
     raise FleetError(f"bench-env cannot sample actions of {space}.")
 
 
+class RandomStepper:
+    """Steps a vector env with random actions: by ``step``, or by ``send``/``recv``.
+
+    ``groups``: env-id groups (from ``envs.split``) sent in turn, each received by its ids before it is
+    sent again: the zero-lag sampler's halves. Each :meth:`run` sends them all first and receives
+    them all before it returns, so no work done between runs is counted. ``first_ready``: every env
+    stays in flight and each ``recv`` takes the first batch ready (EnvPool's async model,
+    ``async_batch`` < ``num_envs``); meant for one long run after a warm-up.
+    """
+
+    def __init__(self, envs: Any, rng: np.random.Generator, groups: list[np.ndarray] | None = None, first_ready: bool = False):
+        self.envs, self.groups, self.first_ready = envs, groups, first_ready
+        self._actions = [random_actions(envs.single_action_space, envs.num_envs, rng) for _ in range(16)]
+        self._i = 0
+        self._primed = False  # first-ready: every env has been sent once
+
+    def _next_actions(self) -> np.ndarray:
+        self._i += 1
+        return self._actions[self._i % 16]
+
+    def run(self, seconds: float, min_batches: int = 1) -> int:
+        """Step for ``seconds`` (at least ``min_batches`` batches); returns the env steps taken."""
+        envs, steps, batches = self.envs, 0, 0
+        deadline = time.perf_counter() + seconds
+        if self.groups:
+            sent = deque(self.groups)
+            for ids in sent:
+                envs.send(self._next_actions()[: len(ids)], ids)
+            while sent:
+                ids = sent.popleft()
+                envs.recv(ids)
+                steps += len(ids)
+                batches += 1
+                if batches < min_batches or time.perf_counter() < deadline:
+                    envs.send(self._next_actions()[: len(ids)], ids)
+                    sent.append(ids)
+            return steps
+        if self.first_ready and not self._primed:
+            envs.send(self._actions[0], np.arange(envs.num_envs))
+            self._primed = True
+        while batches < min_batches or time.perf_counter() < deadline:
+            if self.first_ready:
+                *_, ids = envs.recv()
+                envs.send(self._next_actions()[: len(ids)], ids)
+                steps += len(ids)
+            else:
+                envs.step(self._next_actions())
+                steps += envs.num_envs
+            batches += 1
+        return steps
+
+
 def measure(env_id: str, backend: str, num_envs: int, seconds: float, async_batch: int | None = None) -> tuple[float, float]:
     """(env steps/s, CPU %) of one backend, stepping with random actions for ``seconds`` after a warm-up."""
     envs = make_vector_env(env_id, num_envs, backend, training=True, async_batch=async_batch)
-    rng = np.random.default_rng(0)
     proc = psutil.Process()
     try:
         envs.reset(seed=0)
-        actions = [random_actions(envs.single_action_space, num_envs, rng) for _ in range(16)]
-        batch = async_batch if async_batch else num_envs
-        if async_batch and async_batch < num_envs:  # EnvPool-style: keep every env busy, collect the first K
-            envs.send(actions[0])
-            for _ in range(5):
-                *_, ids = envs.recv()
-                envs.send(actions[1][: len(ids)], ids)
-        else:
-            for i in range(5):
-                envs.step(actions[i % 16])
-        steps, i = 0, 0
+        # EnvPool-style: keep every env busy, collect the first K
+        stepper = RandomStepper(envs, np.random.default_rng(0), first_ready=bool(async_batch and async_batch < num_envs))
+        stepper.run(0.0, min_batches=5)  # warm-up
         cpu0, t0 = _tree_cpu_seconds(proc), time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            if async_batch and async_batch < num_envs:
-                *_, ids = envs.recv()
-                envs.send(actions[i % 16][: len(ids)], ids)
-            else:
-                envs.step(actions[i % 16])
-            steps += batch
-            i += 1
+        steps = stepper.run(seconds)
         elapsed = time.perf_counter() - t0
         cpu = 100.0 * (_tree_cpu_seconds(proc) - cpu0) / elapsed
         return steps / elapsed, cpu

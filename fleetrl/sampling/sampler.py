@@ -1,0 +1,462 @@
+"""The sampler: collects the rollouts the learner trains on, overlapping env stepping with acting or learning.
+
+Modes (docs/sampling.md has what each guarantees and how to read the timings):
+
+* **serial**: every env steps, then every env acts, in turn (CleanRL's loop).
+* **split** (zero lag): the envs form two groups; one group steps while the other's actions are
+  computed. Each env still steps exactly ``num_steps`` times a rollout, with the same weights and the
+  same sampling noise as in the serial loop, so the batch is the serial loop's batch.
+* **first-ready** (``--async-batch K``): each ``recv`` returns the first K envs ready, so a slow env
+  does not idle the others. A rollout holds ``num_envs * num_steps`` transitions in arrival order,
+  fast envs contributing more of them; GAE runs over each env's own trajectory.
+* **lagged** (``--policy-lag 1``, combines with the above): a sampler thread collects rollout k+1 with
+  the weights of k while the learner trains on k, so env stepping overlaps learning.
+
+The learner sees the same three calls in every mode::
+
+    rollout = sampler.collect()        # a filled RolloutBuffer (rollout.episodes, rollout.global_step, ...)
+    ...                                # advantages and the update
+    sampler.weights_updated()          # after the optimiser steps: the acting weights are refreshed
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from fleetrl.envs import episode_stats
+from fleetrl.errors import FleetError
+from fleetrl.monitor.timing import PhaseTimer
+from fleetrl.sampling.acting import make_actor
+from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
+from fleetrl.sampling.rollout import RolloutBuffer
+
+ACTOR_DEVICES = ("auto", "cpu", "learner")
+ACTOR_PROBE_CALLS = 20  # timed acting calls per candidate device (after 3 warm-up calls): a few ms to a second
+ACTING_THREADS = 1  # torch threads while acting: one step's batch gains little from more, and split/lag leave the rest to envs and learner (docs/sampling.md)
+_POLL_S = 0.05  # how often a blocked sampler thread checks that it should stop
+
+
+class _Stopped(Exception):
+    """Raised inside the sampler thread when the trainer closes the sampler."""
+
+
+class Sampler:
+    """Owns the vector envs, the acting copy of the weights, the rollout buffers and the sampling RNG.
+
+    ``agent``: the learner's network (called as ``agent(x) -> (actor output, value)``, see acting.py).
+    ``device``: the learner's device; ``actor_device``: cpu, learner, or auto (measured at start).
+    ``async_batch``: first-ready batches of K envs when below ``num_envs``; ``split``: None chooses the
+    zero-lag split where it runs exactly (tests force it with True). ``global_envs``: the envs of all
+    ranks (episodes are tagged with the global step). ``seed`` seeds the sampling noise, ``env_seed``
+    the envs.
+    """
+
+    def __init__(
+        self,
+        envs: Any,
+        agent: nn.Module,
+        num_steps: int,
+        *,
+        device: torch.device,
+        seed: int,
+        env_seed: int | None,
+        timer: PhaseTimer,
+        actor_device: str = "auto",
+        policy_lag: int = 0,
+        async_batch: int | None = None,
+        split: bool | None = None,
+        obs_norm: ObsNormalizer | None = None,
+        reward_norm: RewardNormalizer | None = None,
+        global_step: int = 0,
+        global_envs: int | None = None,
+        acting_threads: int = ACTING_THREADS,
+        verbose: bool = False,
+    ):
+        check_sampling_flags(envs.num_envs, async_batch, policy_lag, actor_device)
+        self.envs, self.agent, self.timer = envs, agent, timer
+        self.num_envs, self.num_steps = envs.num_envs, num_steps
+        self.lagged = policy_lag == 1
+        self.obs_norm, self.reward_norm = obs_norm, reward_norm
+        self.env_seed = env_seed
+        self.acting_threads = acting_threads
+        self._global_envs = global_envs or self.num_envs
+        self._step = global_step
+
+        self.mode, self.groups, mode_reason = self._choose_mode(async_batch, split)
+        self.async_batch = self.num_envs if async_batch is None else async_batch
+        if self.lagged:  # the sampler thread runs no collective: statistics merge once an iteration (normalize.py)
+            for norm in (obs_norm, reward_norm):
+                if norm is not None:
+                    norm.defer()
+
+        # the acting weights: the learner's module itself, or a copy that is only ever replaced whole
+        # between rollouts (on another device, or while the learner trains on with --policy-lag 1)
+        self.actor_device, device_reason = self._choose_actor_device(actor_device, device)
+        same = self.actor_device == device and not self.lagged
+        self.acting_agent = agent if same else copy.deepcopy(agent).to(self.actor_device)
+        self.actor = make_actor(self.acting_agent, self.actor_device, seed=seed)
+        self.version = 0  # learner updates published so far (weights_updated calls)
+        self.acting_version = 0  # the version the acting weights hold
+        self._lag = 0
+        if verbose:
+            print(f"sampling: {mode_reason}{'; collected one update behind the learner (--policy-lag 1)' if self.lagged else ''}; "
+                  f"acting on {self.actor_device} ({device_reason})", flush=True)
+
+        # storage: one rollout buffer, or two that the sampler thread and the learner take turns with
+        obs_space, act_space = envs.single_observation_space, envs.single_action_space
+        obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32  # images stay compact
+        first_ready = self.mode == "first-ready"
+        rows, cols = (self.num_envs * num_steps // self.async_batch, self.async_batch) if first_ready else (num_steps, self.num_envs)
+        self._buffers = [RolloutBuffer(rows, cols, obs_space.shape, obs_dtype, act_space.shape, act_space.dtype,
+                                       total_envs=self.num_envs if first_ready else None)
+                         for _ in range(2 if self.lagged else 1)]
+        # per env: the transition acted on and not yet completed by the env's step result
+        self._pending = RolloutBuffer(1, self.num_envs, obs_space.shape, obs_dtype, act_space.shape, act_space.dtype)
+        self._next_obs = np.zeros((self.num_envs, *obs_space.shape), obs_dtype)
+        self._clip = (act_space.low, act_space.high) if isinstance(act_space, gym.spaces.Box) else None
+        self._to_step: np.ndarray | None = None
+        self._started = False
+        self._current: RolloutBuffer | None = None  # the rollout the learner holds
+
+        # --policy-lag 1: the sampler thread and its queues (started by the first collect)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._free: queue.Queue = queue.Queue()
+        self._ready: queue.Queue = queue.Queue()
+        self._published: queue.Queue = queue.Queue(maxsize=1)  # the learner's next weights, one version at a time
+
+    # ---------------------------------------------------------------- the learner's calls
+    def collect(self) -> RolloutBuffer:
+        """The next rollout: ``num_envs * num_steps`` transitions, their episodes and the bootstrap values."""
+        if not self.lagged:
+            with _torch_threads(self.acting_threads):  # the learner's own threads come back for the update
+                self._start()
+                rollout = self._fill(self._buffers[0])
+        else:
+            if self._thread is None:
+                for buffer in self._buffers:
+                    self._free.put(buffer)
+                self._thread = threading.Thread(target=self._run, name="fleetrl-sampler", daemon=True)
+                self._thread.start()
+            if self._current is not None:
+                self._free.put(self._current)  # the learner is done with the previous rollout
+            with self.timer.wait:
+                rollout = self._ready.get()
+            if isinstance(rollout, BaseException):
+                raise rollout
+        self._current = rollout
+        self._lag = self.version - rollout.policy_version
+        return rollout
+
+    def weights_updated(self) -> None:
+        """After the optimiser steps: publish the new weights (versioned) for the next rollout to act with."""
+        self.version += 1
+        if self.lagged:
+            stats = self._merge_statistics(self._current)  # the trainer thread runs the collectives
+            weights = [t.detach().to(self.actor_device, copy=True) for t in self.agent.state_dict().values()]
+            self._put(self._published, (self.version, weights, stats))
+        elif self.acting_agent is not self.agent:
+            self._load_weights([t.detach() for t in self.agent.state_dict().values()])
+            self.acting_version = self.version
+        else:
+            self.acting_version = self.version
+
+    @property
+    def policy_lag(self) -> int:
+        """Learner updates between the weights that collected the latest rollout and the weights it trains."""
+        return self._lag
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampling RNG as it was after the latest rollout the learner got (what a resumed run continues from)."""
+        return self._current.actor_state if self._current is not None else self.actor.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the sampler thread (within one env step), then close the envs."""
+        self._stopping = True
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self.envs.close()
+
+    # ---------------------------------------------------------------- choices made at start
+    def _choose_mode(self, async_batch: int | None, split: bool | None) -> tuple[str, list[slice], str]:
+        n = self.num_envs
+        everyone = [slice(0, n)]
+        if async_batch is not None and async_batch < n:
+            if getattr(self.envs, "async_batch", n) != async_batch:
+                raise FleetError(
+                    f"--async-batch {async_batch} needs a backend that returns the first envs ready; the "
+                    f"{getattr(self.envs, 'backend', type(self.envs).__name__)} backend steps all {n} together. "
+                    f"Use --env-backend async or envpool (or leave --async-batch out)."
+                )
+            return "first-ready", everyone, f"first-ready batches of {async_batch} of {n} envs"
+        if split is False or n < 2 or async_batch == n:
+            why = " (--async-batch = --num-envs)" if async_batch == n else " (one env)" if n < 2 else ""
+            return "serial", everyone, "serial" + why
+        if split is None:
+            if not getattr(self.envs, "steps_in_background", False):
+                return "serial", everyone, f"serial (the {getattr(self.envs, 'backend', 'sync')} backend steps envs only when asked)"
+            if self.obs_norm is not None and not self.lagged:
+                # an exact split would need every env's statistics of a step before the first env's next action
+                return "serial", everyone, "serial (observation normalisation updates every step)"
+        groups = self.envs.split(2)  # before the envs are reset: a native backend builds one pool per group
+        if len(groups) < 2:
+            return "serial", everyone, "serial (the envs step as one group)"
+        slices = [slice(int(g[0]), int(g[-1]) + 1) for g in groups]
+        if any(s.stop - s.start != len(g) for s, g in zip(slices, groups)):
+            raise FleetError("split() must return contiguous groups of env ids.")
+        sizes = "+".join(str(s.stop - s.start) for s in slices)
+        return "split", slices, f"split into {sizes} envs stepping while the other group acts (zero lag: the serial loop's batch)"
+
+    def _choose_actor_device(self, choice: str, learner: torch.device) -> tuple[torch.device, str]:
+        cpu = torch.device("cpu")
+        if choice == "cpu" or learner.type == "cpu":
+            return cpu, "--actor-device cpu" if choice == "cpu" else "the learner is on the CPU"
+        if choice == "learner":
+            return learner, "--actor-device learner"
+        batch = max(s.stop - s.start for s in self.groups) if self.mode != "first-ready" else self.async_batch
+        times = {device: self._time_acting(device, batch) for device in (cpu, learner)}
+        best = min(times, key=times.get)
+        measured = ", ".join(f"{d} {t * 1e3:.2f} ms" for d, t in times.items())
+        return best, f"auto: measured acting on {batch} envs: {measured}"
+
+    def _time_acting(self, device: torch.device, batch: int) -> float:
+        """Median seconds of one acting call on ``device``, on a throwaway copy of the network."""
+        agent = copy.deepcopy(self.agent).to(device)
+        actor = make_actor(agent, device, seed=0)
+        space = self.envs.single_observation_space
+        obs = np.zeros((batch, *space.shape), np.uint8 if space.dtype == np.uint8 else np.float32)
+        times = []
+        with _torch_threads(self.acting_threads):  # as acting will run
+            for _ in range(3 + ACTOR_PROBE_CALLS):
+                start = time.perf_counter()
+                actor.act(obs)  # the result comes back to the host, so this includes the device's sync
+                times.append(time.perf_counter() - start)
+        return float(np.median(times[3:]))
+
+    # ---------------------------------------------------------------- filling a rollout
+    def _start(self) -> None:
+        """Reset the envs once; first-ready sampling then keeps every env in flight."""
+        if self._started:
+            return
+        self._started = True
+        obs, _ = self.envs.reset(seed=self.env_seed)
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        self._next_obs[:] = obs
+        if self.mode == "first-ready":
+            everyone = np.arange(self.num_envs)
+            self._send(self._act(everyone, obs, self._noise(self.num_envs)), everyone)
+
+    def _fill(self, b: RolloutBuffer) -> RolloutBuffer:
+        self.acting_agent.eval()
+        b.episodes, b.policy_version = [], self.acting_version
+        start = self._step
+        if self.mode == "first-ready":
+            self._fill_first_ready(b, start)
+        else:
+            self._fill_in_turns(b, start)
+        self._step = start + self.num_steps * self._global_envs
+        b.global_step = self._step
+        b.actor_state = self.actor.state_dict()
+        if self.lagged:
+            b.norm_sums = [norm.take_pending() if norm is not None else None for norm in (self.obs_norm, self.reward_norm)]
+        return b
+
+    def _fill_in_turns(self, b: RolloutBuffer, start: int) -> None:
+        """Serial (one group) or split (two): row t is step t and every env steps ``num_steps`` times.
+
+        The noise of a step is drawn once for all envs, and each group acts with its slice of it, so
+        the split gives the serial loop's actions. While one group steps, the other acts.
+        """
+        noise = self._noise(self.num_envs)
+        for g in self.groups:
+            self._send(self._act(g, self._next_obs[g], noise[g], into=(b, (0, g))), g)
+        for t in range(self.num_steps):
+            noise = self._noise(self.num_envs) if t + 1 < self.num_steps else None
+            tag = start + (t + 1) * self._global_envs  # the global step at the end of step t, as CleanRL counts
+            for g in self.groups:
+                obs = self._complete(b, (t, g), g, self._recv(g), tag)
+                if noise is not None:
+                    self._send(self._act(g, obs, noise[g], into=(b, (t + 1, g))), g)
+                else:
+                    self._next_obs[g] = obs
+        with self.timer.inference:
+            b.last_values[:] = self.actor.value(self._next_obs)
+
+    def _fill_first_ready(self, b: RolloutBuffer, start: int) -> None:
+        """Row r is the r-th batch that arrived. Every env stays in flight across rollouts: an env's last
+        transition here bootstraps from the value of its next observation, already acted on, and that
+        action's transition opens the env's trajectory in the next rollout."""
+        for r in range(b.num_steps):
+            *result, ids = self._recv(None)
+            tag = start + ((r + 1) * self.async_batch * self._global_envs) // self.num_envs
+            obs = self._complete(b, (r, slice(None)), ids, result, tag, pending=True)
+            b.env_ids[r] = ids
+            self._send(self._act(ids, obs, self._noise(len(ids))), ids)
+        b.last_values[:] = self._pending.values[0]
+
+    def _noise(self, n: int) -> np.ndarray:
+        with self.timer.inference:
+            return self.actor.noise(n)
+
+    def _act(self, ids: Any, obs: np.ndarray, noise: np.ndarray, into: tuple | None = None) -> np.ndarray:
+        """Act on envs ``ids``; returns the actions to send. The transitions go to ``into`` = (buffer, slot)
+        when their row is known now (one row a step), else they wait as the envs' pending transitions."""
+        buffer, slot = into if into is not None else (self._pending, (0, ids))
+        with self.timer.inference:
+            action, logprob, value = self.actor.act(obs, noise)
+            buffer.obs[slot], buffer.actions[slot], buffer.logprobs[slot], buffer.values[slot] = obs, action, logprob, value
+        return action if self._clip is None else np.clip(action, *self._clip)
+
+    def _complete(self, b: RolloutBuffer, slot: tuple, ids: Any, result: tuple, tag: int, pending: bool = False) -> np.ndarray:
+        """Complete envs ``ids``' transitions at ``slot`` with their step result (moving them there from the
+        pending ones first, with ``pending``); returns their next observations (normalised)."""
+        obs, reward, terminated, truncated, info = result[:5]
+        done = terminated | truncated
+        if self.reward_norm is not None:
+            reward = self.reward_norm(reward, done, ids)
+            obs = self.obs_norm(obs)
+        if pending:
+            p = self._pending
+            b.obs[slot], b.actions[slot], b.logprobs[slot], b.values[slot] = p.obs[0, ids], p.actions[0, ids], p.logprobs[0, ids], p.values[0, ids]
+        b.rewards[slot], b.terminated[slot], b.dones[slot] = reward, terminated, done
+        final_values = np.zeros(len(done), np.float32)
+        if truncated.any():  # bootstrap a time limit from the value of the final observation
+            final_obs = info["final_obs"][truncated]
+            if self.obs_norm is not None:
+                final_obs = self.obs_norm.normalize(final_obs)
+            with self.timer.inference:
+                final_values[truncated] = self.actor.value(final_obs)
+        b.final_values[slot] = final_values
+        b.episodes += [(tag, r, l) for r, l in episode_stats(info)]
+        return obs
+
+    def _send(self, actions: np.ndarray, ids: Any) -> None:
+        if self.mode == "serial":
+            self._to_step = actions  # stepped by the next _recv
+            return
+        with self.timer.env:
+            self.envs.send(actions, np.arange(ids.start, ids.stop) if isinstance(ids, slice) else ids)
+
+    def _recv(self, ids: slice | None) -> tuple:
+        if self._stopping:
+            raise _Stopped
+        with self.timer.env:
+            if self.mode == "serial":
+                return self.envs.step(self._to_step)
+            return self.envs.recv(None if ids is None else np.arange(ids.start, ids.stop))
+
+    # ---------------------------------------------------------------- --policy-lag 1
+    def _run(self) -> None:
+        """The sampler thread: rollout k+1 acts with the weights (and statistics) published after update k-1."""
+        torch.set_num_threads(self.acting_threads)  # per thread: the learner keeps its own
+        try:
+            self._start()
+            for rollout in range(1, 1 << 62):
+                buffer = self._take(self._free)
+                if rollout >= 3:  # rollouts 1 and 2 act with the initial weights, as in Cleanba
+                    self._apply(*self._take(self._published))
+                self._ready.put(self._fill(buffer))
+        except _Stopped:
+            pass
+        except BaseException as exc:  # an env error reaches the learner at its next collect()
+            self._ready.put(exc)
+
+    def _take(self, q: queue.Queue) -> Any:
+        while True:
+            if self._stopping:
+                raise _Stopped
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                pass
+
+    def _put(self, q: queue.Queue, item: Any) -> None:
+        while not self._stopping:
+            if self._thread is not None and not self._thread.is_alive():
+                return  # the thread failed; the learner hears of it at its next collect()
+            try:
+                q.put(item, timeout=_POLL_S)
+                return
+            except queue.Full:
+                pass
+
+    def _merge_statistics(self, rollout: RolloutBuffer | None) -> list:
+        """Merge the rollout's normalisation sums (all-reduced over ranks): the statistics to act with next."""
+        stats = []
+        for norm, sums in zip((self.obs_norm, self.reward_norm), rollout.norm_sums if rollout is not None else (None, None)):
+            if norm is not None:
+                if sums is not None:
+                    norm.merge(sums)
+                stats.append(norm.acting_stats())
+            else:
+                stats.append(None)
+        return stats
+
+    def _apply(self, version: int, weights: list[torch.Tensor], stats: list) -> None:
+        """Sampler thread, between rollouts: swap in a published version of the weights and statistics."""
+        self._load_weights(weights)
+        for norm, s in zip((self.obs_norm, self.reward_norm), stats):
+            if norm is not None:
+                norm.use_stats(s)
+        self.acting_version = version
+
+    def _load_weights(self, weights: list[torch.Tensor]) -> None:
+        # in place, so the numpy actor's views of the acting copy's parameters stay valid
+        with torch.no_grad():
+            for dst, src in zip(self.acting_agent.state_dict().values(), weights):
+                dst.copy_(src, non_blocking=False)
+
+
+def check_sampling_flags(num_envs: int, async_batch: int | None, policy_lag: int, actor_device: str) -> None:
+    """Refuse sampling settings that cannot run, naming the fix."""
+    if async_batch is not None and not (1 <= async_batch <= num_envs and num_envs % async_batch == 0):
+        raise FleetError(
+            f"--async-batch {async_batch} must divide --num-envs {num_envs}: a rollout holds --num-envs x --num-steps "
+            f"transitions, received K at a time. Choose one of {[k for k in range(1, num_envs + 1) if num_envs % k == 0]}, "
+            f"or leave it out."
+        )
+    if policy_lag not in (0, 1):
+        raise FleetError(f"--policy-lag must be 0 (every rollout uses the newest weights) or 1, got {policy_lag}.")
+    if actor_device not in ACTOR_DEVICES:
+        raise FleetError(f"Unknown --actor-device {actor_device!r}; choose one of: {', '.join(ACTOR_DEVICES)}.")
+
+
+@contextmanager
+def _torch_threads(count: int) -> Iterator[None]:
+    """Torch's intra-op threads for this thread, for the block only (set per thread: OpenMP)."""
+    before = torch.get_num_threads()
+    if count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def local_async_batch(args: Any, local_num_envs: int) -> int | None:
+    """This process's share of ``--async-batch`` (a share of ``--num-envs`` under torchrun, as the envs are)."""
+    if args.async_batch is None:
+        return None
+    batch, rest = divmod(args.async_batch * local_num_envs, args.num_envs)
+    if rest or batch < 1:
+        raise FleetError(
+            f"--async-batch {args.async_batch} of --num-envs {args.num_envs} does not split evenly over the processes "
+            f"({local_num_envs} envs here); choose --num-envs and --async-batch that both divide by the process count."
+        )
+    return batch

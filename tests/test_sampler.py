@@ -1,0 +1,292 @@
+"""The sampler's modes: the zero-lag split gives the serial batch, first-ready batches keep per-env
+trajectories, the policy-lag thread acts with whole versions of the weights, and the timer stays honest."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_fleetrl
+from envs_for_tests import MakeEnv  # registers ShmCounting-v0 and ShmImage-v0
+from fleetrl.algos.ppo import Agent
+from fleetrl.envs import make_vector_env
+from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
+from fleetrl.envs.vector import SyncVectorEnv
+from fleetrl.errors import FleetError
+from fleetrl.monitor.tbread import read_scalars
+from fleetrl.monitor.timing import PhaseTimer
+from fleetrl.sampling.rollout import compute_gae
+from fleetrl.sampling.sampler import Sampler
+from test_gae import reference_gae
+
+FIELDS_EXACT = ("obs", "actions", "rewards", "terminated", "dones")
+FIELDS_ROUNDED = ("logprobs", "values", "final_values", "last_values")  # batch-size-dependent kernels round differently
+
+
+def make_agent(envs) -> Agent:
+    torch.manual_seed(0)
+    return Agent(envs.single_observation_space.shape, envs.single_action_space)
+
+
+def collect_rollouts(envs, split: bool | None, rollouts: int = 2, num_steps: int = 12, **kwargs) -> tuple[str, list[dict]]:
+    sampler = Sampler(envs, make_agent(envs), num_steps, device=torch.device("cpu"), seed=7, env_seed=11, timer=PhaseTimer(),
+                      split=split, **kwargs)
+    out = []
+    try:
+        for _ in range(rollouts):
+            rollout = sampler.collect()
+            out.append({k: getattr(rollout, k).copy() for k in FIELDS_EXACT + FIELDS_ROUNDED} | {"episodes": list(rollout.episodes)})
+            sampler.weights_updated()
+    finally:
+        sampler.close()
+    return sampler.mode, out
+
+
+def assert_same_batches(serial: list[dict], split: list[dict]) -> None:
+    for a, b in zip(serial, split):
+        for k in FIELDS_EXACT:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        for k in FIELDS_ROUNDED:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        assert a["episodes"] == b["episodes"]
+    assert any(r["dones"].any() for r in serial) and any((r["final_values"] != 0).any() for r in serial), "episodes end and truncate"
+
+
+def counting(n: int, **kwargs) -> list[MakeEnv]:
+    return [MakeEnv("ShmCounting-v0", kwargs) for _ in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["sync", "async"])
+def test_split_rollout_gives_the_serial_batch_for_the_same_seed_and_weights(backend):
+    build = (lambda: SyncVectorEnv(counting(4))) if backend == "sync" else (lambda: SharedMemoryVectorEnv(counting(4), num_workers=2))
+    mode_serial, serial = collect_rollouts(build(), split=False)
+    mode_split, split = collect_rollouts(build(), split=True if backend == "sync" else None)  # async splits by itself
+    assert (mode_serial, mode_split) == ("serial", "split")
+    assert_same_batches(serial, split)
+
+
+def test_split_rollout_gives_the_serial_batch_through_a_cnn():
+    """The torch actor: its batch of 2 rounds differently from a batch of 4, nothing more."""
+    build = lambda: SyncVectorEnv([MakeEnv("ShmImage-v0", {"length": 5}) for _ in range(4)])  # noqa: E731
+    _, serial = collect_rollouts(build(), split=False, rollouts=1, num_steps=6)
+    _, split = collect_rollouts(build(), split=True, rollouts=1, num_steps=6)
+    assert_same_batches(serial, split)
+
+
+@pytest.mark.parametrize("backend", ["ale", "envpool"])
+def test_split_rollout_gives_the_serial_batch_on_native_backends(backend):
+    pytest.importorskip("ale_py" if backend == "ale" else "envpool")
+    build = lambda: make_vector_env("BreakoutNoFrameskip-v4", 4, backend)  # noqa: E731
+    _, serial = collect_rollouts(build(), split=False, rollouts=1, num_steps=40)
+    mode, split = collect_rollouts(build(), split=None, rollouts=1, num_steps=40)
+    assert mode == "split"
+    for k in FIELDS_EXACT:
+        np.testing.assert_array_equal(serial[0][k], split[0][k], err_msg=k)
+    np.testing.assert_allclose(serial[0]["logprobs"], split[0]["logprobs"], rtol=1e-5, atol=1e-6)
+
+
+def test_envpool_split_rollout_gives_the_serial_batch_for_cartpole():
+    pytest.importorskip("envpool")
+    from fleetrl.envs.native import EnvPoolVectorEnv
+
+    build = lambda: EnvPoolVectorEnv("CartPole-v1", 4, True, family="classic", max_episode_steps=20)  # noqa: E731
+    _, serial = collect_rollouts(build(), split=False, num_steps=64)
+    mode, split = collect_rollouts(build(), split=None, num_steps=64)
+    assert mode == "split"
+    assert_same_batches(serial, split)
+
+
+# ------------------------------------------------------------------------------------------ first-ready
+
+
+def test_gae_over_first_ready_batches_matches_each_envs_own_trajectory():
+    rng = np.random.default_rng(0)
+    num_envs, batch, rows = 5, 3, 40
+    env_ids = np.stack([rng.choice(num_envs, batch, replace=False) for _ in range(rows)])
+    rewards, values = rng.normal(size=(rows, batch)), rng.normal(size=(rows, batch))
+    terminated = rng.random((rows, batch)) < 0.1
+    truncated = (rng.random((rows, batch)) < 0.1) & ~terminated
+    final_values = np.where(truncated, rng.normal(size=(rows, batch)), 0.0)
+    last_values = rng.normal(size=num_envs)
+    got = compute_gae(rewards, values, terminated, terminated | truncated, final_values, last_values, 0.99, 0.95, env_ids)
+    for env in range(num_envs):
+        mine = env_ids == env  # the env's transitions, in row order
+        want = reference_gae(*(a[mine][:, None] for a in (rewards, values, terminated, truncated, final_values)),
+                             last_values[env : env + 1], 0.99, 0.95)
+        np.testing.assert_allclose(got[mine], want[:, 0], rtol=1e-10, atol=1e-10)
+
+
+def test_first_ready_rollout_is_full_follows_each_env_and_a_slow_env_contributes_less():
+    # env 0 takes 10 ms a step, the others 0.2 ms; one env per worker, batches of the first 2 ready
+    fns = [MakeEnv("ShmCounting-v0", {"length": 6, "step_us": 10_000 if i == 0 else 200}) for i in range(4)]
+    envs = SharedMemoryVectorEnv(fns, num_workers=4, async_batch=2)
+    sampler = Sampler(envs, make_agent(envs), 16, device=torch.device("cpu"), seed=0, env_seed=100, timer=PhaseTimer(), async_batch=2)
+    try:
+        assert sampler.mode == "first-ready"
+        for _ in range(2):
+            rollout = sampler.collect()
+            assert rollout.env_ids.size == 4 * 16 and rollout.obs.shape[:2] == (32, 2)
+            counts = np.bincount(rollout.env_ids.ravel(), minlength=4)
+            assert counts.sum() == 64 and counts[0] < counts[1:].min(), counts
+            for env in range(4):  # each env's transitions continue its own episodes: obs [seed, episode, t, noise]
+                obs, dones = rollout.obs[rollout.env_ids == env], rollout.dones[rollout.env_ids == env]
+                assert (obs[:, 0] == 100 + env).all()
+                for k in range(1, len(obs)):
+                    assert obs[k, 2] == (0 if dones[k - 1] else obs[k - 1, 2] + 1)
+            sampler.weights_updated()
+    finally:
+        sampler.close()
+
+
+def test_first_ready_needs_a_backend_that_returns_the_first_envs_ready():
+    envs = SyncVectorEnv(counting(4))
+    with pytest.raises(FleetError, match="--env-backend async or envpool"):
+        Sampler(envs, make_agent(envs), 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), async_batch=2)
+
+
+def test_envpool_first_ready_keeps_same_step_autoreset_per_env():
+    """Each env's results, returned a few at a time, equal stepping it alone with the same actions."""
+    pytest.importorskip("envpool")
+    from fleetrl.envs.native import EnvPoolVectorEnv
+
+    def action(env: int, t: int) -> int:
+        return (env * 7 + t * 3) % 5 % 2
+
+    sync = EnvPoolVectorEnv("CartPole-v1", 4, True, family="classic", max_episode_steps=9)
+    sync.reset(seed=5)
+    want = {env: [] for env in range(4)}
+    for t in range(40):
+        obs, reward, terminated, truncated, info = sync.step(np.array([action(e, t) for e in range(4)]))
+        for env in range(4):
+            final = info["final_obs"][env] if info.get("_final_obs", np.zeros(4, bool))[env] else None
+            want[env].append((obs[env], reward[env], terminated[env], truncated[env], final))
+    sync.close()
+
+    envs = EnvPoolVectorEnv("CartPole-v1", 4, True, family="classic", max_episode_steps=9, async_batch=2)
+    envs.reset(seed=5)
+    got = {env: [] for env in range(4)}
+    envs.send(np.array([action(e, 0) for e in range(4)]), np.arange(4))
+    while min(len(v) for v in got.values()) < 40:
+        obs, reward, terminated, truncated, info, ids = envs.recv()
+        for k, env in enumerate(ids):
+            final = info["final_obs"][k] if info.get("_final_obs", np.zeros(len(ids), bool))[k] else None
+            got[env].append((obs[k], reward[k], terminated[k], truncated[k], final))
+        envs.send(np.array([action(e, len(got[e])) for e in ids]), ids)
+    envs.close()
+    for env in range(4):
+        for (o, r, te, tr, f), (wo, wr, wte, wtr, wf) in zip(got[env][:40], want[env]):
+            np.testing.assert_array_equal(o, wo)
+            assert (r, te, tr) == (wr, wte, wtr)
+            assert (f is None) == (wf is None) and (f is None or np.array_equal(f, wf))
+    assert any(step[3] for step in want[0]), "episodes were truncated"
+
+
+# ------------------------------------------------------------------------------------------ --policy-lag 1
+
+
+def test_acting_copy_is_never_half_updated_and_lags_one_update():
+    """The 'learner' rewrites its parameters one tensor at a time, slowly; the sampler thread must only
+    ever act with every parameter from one published version, and rollout k+1 with the weights of k-1."""
+    envs = SyncVectorEnv(counting(2))
+    agent = make_agent(envs)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.fill_(0.0)  # version 0
+    sampler = Sampler(envs, agent, 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
+    seen: list[tuple[int, set[float]]] = []
+    act = sampler.actor.act
+
+    def checked_act(obs, noise=None):
+        values = set(torch.cat([p.detach().flatten() for p in sampler.acting_agent.parameters()]).tolist())
+        seen.append((sampler.acting_version, values))
+        return act(obs, noise)
+
+    sampler.actor.act = checked_act
+    try:
+        for iteration in range(6):
+            rollout = sampler.collect()
+            assert rollout.policy_version == max(0, iteration - 1)
+            assert sampler.policy_lag == (0 if iteration == 0 else 1)
+            with torch.no_grad():  # a slow optimiser step: the live weights are half-updated for a while
+                for p in agent.parameters():
+                    p.fill_(float(iteration + 1))
+                    time.sleep(0.002)
+            sampler.weights_updated()
+    finally:
+        sampler.close()
+    assert seen and all(values == {float(version)} for version, values in seen), {v: sorted(s)[:3] for v, s in seen}
+
+
+def test_policy_lag_merges_normalisation_statistics_once_an_iteration_on_the_learner_thread():
+    envs = SyncVectorEnv(counting(2))
+    agent = make_agent(envs)
+    from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
+
+    calls: list[str] = []
+
+    def allreduce(sums):
+        calls.append(threading.current_thread().name)
+        return sums
+
+    obs_norm, reward_norm = ObsNormalizer((4,), allreduce), RewardNormalizer(2, 0.99, allreduce)
+    sampler = Sampler(envs, agent, 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1,
+                      obs_norm=obs_norm, reward_norm=reward_norm)
+    try:
+        for _ in range(3):
+            sampler.collect()
+            sampler.weights_updated()
+    finally:
+        sampler.close()
+    assert calls == [threading.main_thread().name] * 6, calls  # two statistics, once an iteration each
+    assert obs_norm.rms.count == pytest.approx(1e-4 + 2 + 3 * 8 * 2)  # the reset and three rollouts' observations
+
+
+def test_an_env_error_in_the_sampler_thread_reaches_the_learner_and_close_returns():
+    envs = SyncVectorEnv(counting(2, raise_on_step=20))
+    sampler = Sampler(envs, make_agent(envs), 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
+    with pytest.raises(RuntimeError, match="told to fail on step 20"):
+        for _ in range(4):
+            sampler.collect()
+            sampler.weights_updated()
+    sampler.close()
+    assert not sampler._thread.is_alive()
+
+
+@pytest.mark.slow
+def test_policy_lag_one_trains_cartpole(tmp_path):
+    run_dir = tmp_path / "lag"
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--policy-lag", "1", "--seed", "1", "--run-dir", str(run_dir),
+                       "--no-cuda", "--checkpoint-every", "1000", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "one update behind the learner" in proc.stdout
+    returns = np.array([p.value for p in read_scalars(run_dir, "charts/episodic_return")])
+    best = max(np.convolve(returns, np.ones(20) / 20, mode="valid"))
+    assert best >= 475, f"best rolling mean of 20 episodes: {best}"
+    assert [p.value for p in read_scalars(run_dir, "charts/policy_lag")][1:5] == [1, 1, 1, 1]
+
+
+# ------------------------------------------------------------------------------------------ phase timing
+
+
+def test_timer_keeps_sampler_thread_phases_out_of_the_trainer_accounting():
+    timer = PhaseTimer()
+
+    def sampler_thread():
+        with timer.env:
+            time.sleep(0.06)
+
+    thread = threading.Thread(target=sampler_thread)
+    thread.start()
+    with timer.learn:
+        time.sleep(0.02)
+    with timer.wait:
+        thread.join()
+    perf = timer.lap()
+    assert perf["perf/env_time"] == pytest.approx(0.06, abs=0.02)
+    assert perf["perf/wait_time"] == pytest.approx(0.04, abs=0.02)
+    on_trainer = perf["perf/learn_share"] + perf["perf/wait_share"] + perf["perf/inference_share"] + perf["perf/other_share"]
+    assert on_trainer == pytest.approx(1.0, abs=1e-6)  # the env phase ran alongside, outside this sum
