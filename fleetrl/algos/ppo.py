@@ -110,7 +110,7 @@ class Args:
     precision: str = "auto"
     """network precision: fp32, bf16 (autocast around the network only), or auto (bf16 where native and measured faster)"""
     compile: bool = False
-    """wrap the learner step (and fixed-shape acting) in torch.compile; falls back to eager with a warning if it fails"""
+    """wrap the learner step (loss, forward and backward) in torch.compile; falls back to eager with a warning if it fails"""
     sticky_actions: float | None = None
     """Atari sticky-action probability [0 for NoFrameskip-v4 ids, 0.25 for ALE/...-v5]"""
     run_dir: str | None = None
