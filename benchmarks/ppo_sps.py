@@ -15,7 +15,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 

@@ -191,7 +191,8 @@ class Agent(nn.Module):
             return self.critic(self.trunk(x)).float().squeeze(-1)
 
     def act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rollout: sample an action; return it with its log-probability and the value."""
+        """Stochastic evaluation: sample an action; return it with its log-probability and the value.
+        (Training rollouts sample in the engine, fleetrl/sampling/acting.py, from the same forward.)"""
         out, value = self(x)
         action, logprob = gaussian_sample(out, self.actor_logstd) if self.continuous else categorical_sample(out)
         return action, logprob, value
