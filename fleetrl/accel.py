@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from fleetrl.errors import FleetError
+from fleetrl.nets import network_obs_dtype
 
 PRECISIONS = ("auto", "fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -117,7 +118,7 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
         else:
             reason = f"--precision {precision}" + (f" (note: {why_native})" if precision == "bf16" and not native else "")
     else:
-        obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32  # as the learner sees them
+        obs_dtype = torch.uint8 if network_obs_dtype(obs_space.shape, obs_space.dtype) == np.uint8 else torch.float32  # as the learner sees them
         example_obs = torch.zeros((min(batch_size, PROBE_MAX_BATCH), *obs_space.shape), dtype=obs_dtype, device=device)
         times = _time_training_steps(model, candidates, example_obs, device)
         choice = min(times, key=times.get)

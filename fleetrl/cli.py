@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
             raise FleetError(f"Unknown command {argv[0]!r}. Commands: {', '.join(COMMANDS)}. Run `fleetrl --help`.")
         command(argv[1:])
     except FleetError as exc:
-        print(f"fleetrl: error: {exc}", file=sys.stderr)
+        if not exc.quiet:  # e.g. the other ranks of a torchrun job, whose rank 0 says it once
+            print(f"fleetrl: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("fleetrl: interrupted", file=sys.stderr)

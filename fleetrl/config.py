@@ -1,10 +1,14 @@
-"""Argument plumbing shared by the algorithms: defaults by env family, resume overrides, run folders."""
+"""Argument plumbing shared by the commands: defaults by env family, resume overrides, run folders, and the
+range of every numeric flag, checked before anything starts."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Iterable, TypeVar
 
 from fleetrl.errors import FleetError
@@ -52,7 +56,76 @@ def default_run_dir(env_id: str, exp_name: str, seed: int) -> str:
     return os.path.join("runs", f"{safe_env}__{exp_name}__{seed}__{int(time.time())}")
 
 
-def check_positive(**values: float | int) -> None:
-    for name, value in values.items():
-        if value is None or value <= 0:
-            raise FleetError(f"--{name.replace('_', '-')} must be positive, got {value}.")
+# ---- what each numeric flag accepts -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a numeric flag accepts: always a finite number, within ``[low, high]`` (``low_open``: strictly
+    above ``low``), a whole number with ``integer``; ``optional`` lets None (unset) through."""
+
+    meaning: str  # shown in the error, in parentheses: what the flag is for
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    integer: bool = False
+    optional: bool = False
+    hint: str = ""  # a sentence after the error, e.g. how to turn the feature off
+
+    def bounds(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}]"
+        if self.low is not None:
+            return f"{'above' if self.low_open else 'at least'} {_num(self.low)}"
+        return f"at most {_num(self.high)}" if self.high is not None else ""
+
+    def refusal(self, flag: str, value: Any) -> str | None:
+        """The sentence that refuses ``value`` for ``flag``, or None if it is accepted."""
+        if value is None and self.optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if self.integer else numbers.Real):
+            kind = "a whole number" if self.integer else "a number"
+        elif not math.isfinite(value):
+            kind = "" if self.low is not None and self.high is not None else "a finite number"  # [a, b] says it all
+        elif (self.low is None or (value > self.low if self.low_open else value >= self.low)) and (self.high is None or value <= self.high):
+            return None
+        else:
+            kind = ""
+        accepted = ", ".join(part for part in (kind, self.bounds()) if part)
+        return f"{flag} must be {accepted} ({self.meaning}), got {value!r}." + (f" {self.hint}" if self.hint else "")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+# A loss coefficient meets float32 tensors (largest 3.4e38): past this it can only overflow, never change the run more.
+COEF_MAX = 1e30
+
+
+def positive(meaning: str, high: float | None = None, optional: bool = False, hint: str = "") -> Range:
+    return Range(meaning, low=0, high=high, low_open=True, optional=optional, hint=hint)
+
+
+def non_negative(meaning: str, high: float | None = None) -> Range:
+    return Range(meaning, low=0, high=high)
+
+
+def fraction(meaning: str, optional: bool = False) -> Range:
+    """A probability or a weight in [0, 1]."""
+    return Range(meaning, low=0, high=1, optional=optional)
+
+
+def count(meaning: str, low: int = 1, high: int | None = None, optional: bool = False, hint: str = "") -> Range:
+    return Range(meaning, low=low, high=high, integer=True, optional=optional, hint=hint)
+
+
+SEED = count("the random seed; numpy and the env backends take seeds below 2**31", low=0, high=2**31 - 1)
+
+
+def check_ranges(args: Any, rules: dict[str, Range]) -> None:
+    """Refuse every field of ``args`` outside its rule, in one paragraph that names each flag and its range."""
+    problems = [rule.refusal(f"--{name.replace('_', '-')}", getattr(args, name)) for name, rule in rules.items()]
+    problems = [p for p in problems if p]
+    if problems:
+        raise FleetError(" ".join(problems))

@@ -9,6 +9,7 @@ class FleetError(Exception):
     """Bad input or a failed run the user can fix; the message says what to change or run."""
 
     exit_code = 2
+    quiet = False  # True: exit with exit_code without printing (another process of the job prints it)
 
 
 class NonFiniteLossError(FleetError):
@@ -28,6 +29,25 @@ class EnvWorkerError(FleetError):
         super().__init__(message)
         self.env_index = env_index
         self.worker_index = worker_index
+
+
+class EnvOutputError(FleetError):
+    """An environment returned what the learner cannot use: a NaN or inf observation or reward, or an
+    observation of another shape than its space says (fleetrl/envs/wrappers.py, :class:`CheckOutputs`).
+
+    The message names the env id, its index in the vector where known, and the step; the fix is in the env.
+    """
+
+    def __init__(self, message: str, env_index: int | None = None):
+        super().__init__(message)
+        self.env_index = env_index
+
+    def __reduce__(self):  # keeps env_index when a worker process sends the error to the trainer
+        return type(self), (str(self), self.env_index)
+
+
+class UnsupportedSpaceError(FleetError):
+    """An env's observation or action space that the algorithm cannot take (fleetrl/envs/spaces.py)."""
 
 
 # extra name -> the pip packages it installs (kept in step with pyproject.toml)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import tyro
 
-from fleetrl import checkpoint, runtime
+from fleetrl import checkpoint, config, runtime
+from fleetrl.algos import ALGOS
 from fleetrl.envs import episode_stats, make_vector_env
 from fleetrl.errors import FleetError
 
@@ -32,23 +34,35 @@ class EvalArgs:
     """record every evaluation episode as MP4 next to the checkpoint's run (`videos_eval`)"""
 
 
+RANGES = {
+    "episodes": config.count("how many episodes to run"),
+    "seed": config.SEED,
+}
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+HOW = "Pass a checkpoint file (a run's checkpoints/ckpt_*.pt) or a run folder that has one."
+
+
 def evaluate(args: EvalArgs) -> dict:
-    if args.episodes <= 0:
-        raise FleetError(f"--episodes must be positive, got {args.episodes}.")
-    path = checkpoint.resolve_checkpoint(args.checkpoint)  # a run folder means its newest checkpoint
-    state = checkpoint.load_checkpoint(path)
+    config.check_ranges(args, RANGES)
+    state, path = load(args.checkpoint)
     train_args = state["args"]
     runtime.seed_everything(args.seed, True)
     runtime.set_torch_threads(None)
     algo = importlib.import_module(f"fleetrl.algos.{state.get('algo', 'ppo')}")
+    # videos go to the run folder: the parent of its checkpoints/ folder (or the folder of a file kept elsewhere)
+    run_dir = path.parent.parent if path.parent.name == checkpoint.CHECKPOINT_DIR else path.parent
+    video_dir = str(run_dir / "videos_eval") if args.capture_video else None
     # one env, without the training-only wrappers (episodic life, reward clipping)
-    video_dir = str(path.parent.parent / "videos_eval") if args.capture_video else None
     envs = make_vector_env(train_args["env_id"], 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"),
                            video_dir=video_dir, every_episode=True)
-    policy = algo.policy_from_checkpoint(state, envs, deterministic=not args.stochastic)
     returns, lengths = [], []
-    obs, _ = envs.reset(seed=args.seed)
     try:
+        try:
+            policy = algo.policy_from_checkpoint(state, envs, deterministic=not args.stochastic)
+        except (KeyError, RuntimeError, ValueError, TypeError) as exc:  # missing or misshapen tensors
+            raise FleetError(f"The network in {path} does not fit {train_args['env_id']} ({str(exc).splitlines()[0]}). "
+                             f"The checkpoint is damaged or was edited: evaluate another checkpoint of its run.") from None
+        obs, _ = envs.reset(seed=args.seed)
         while len(returns) < args.episodes:
             obs, _, _, _, info = envs.step(policy(obs))
             for episode_return, length in episode_stats(info):
@@ -59,7 +73,7 @@ def evaluate(args: EvalArgs) -> dict:
     result = {
         "checkpoint": str(path),
         "env_id": train_args["env_id"],
-        "global_step": int(state["global_step"]),
+        "global_step": state["global_step"],
         "episodes": len(returns),
         "mean_return": float(np.mean(returns)),
         "std_return": float(np.std(returns)),
@@ -74,3 +88,33 @@ def evaluate(args: EvalArgs) -> dict:
     return result
 
 
+def load(source: str) -> tuple[dict, Path]:
+    """The checkpoint to evaluate and its file: ``source`` is a file, or a run folder (its newest checkpoint
+    that verifies). Anything else (a text file, an empty file, another format) is refused, saying what it is."""
+    if Path(source).is_dir():
+        state, path = checkpoint.load_checkpoint_and_path(source)
+    else:
+        path = checkpoint.resolve_checkpoint(source)
+        check_is_checkpoint_file(path)
+        state = checkpoint.load_checkpoint(path)
+    train_args = state["args"]
+    if not isinstance(train_args, dict) or not isinstance(train_args.get("env_id"), str) or state.get("algo", "ppo") not in ALGOS:
+        raise FleetError(f"{path} is not a fleetrl checkpoint (its saved arguments name no env id, or no known algorithm). {HOW}")
+    try:
+        state["global_step"] = int(state["global_step"])
+    except (KeyError, TypeError, ValueError, RuntimeError):
+        raise FleetError(f"{path} is not a fleetrl checkpoint (it has no global step). {HOW}") from None
+    return state, path
+
+
+def check_is_checkpoint_file(path: Path) -> None:
+    """Refuse a file that is not a checkpoint (text, empty, another format) before torch reads it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(ZIP_MAGIC))
+    except OSError as exc:
+        raise FleetError(f"Cannot read the checkpoint {path}: {exc.strerror or exc}. {HOW}") from None
+    if not head:
+        raise FleetError(f"{path} is empty, not a fleetrl checkpoint. {HOW}")
+    if head != ZIP_MAGIC:
+        raise FleetError(f"{path} is not a fleetrl checkpoint (it is not a file written by torch.save). {HOW}")

@@ -33,6 +33,18 @@ def mlp(in_dim: int, out_dim: int, out_std: float, hidden: tuple[int, ...] = (64
     return nn.Sequential(*layers)
 
 
+def network_obs_dtype(obs_shape: tuple[int, ...], dtype) -> np.dtype:
+    """The dtype observations are stored and fed to the network in: uint8 images (3-D, for a CNN, which
+    scales them) stay bytes; every other observation, a vector of any dtype (uint8, int, float64, bool)
+    included, becomes float32 for the MLP."""
+    return np.dtype(np.uint8) if len(obs_shape) == 3 and np.dtype(dtype) == np.uint8 else np.dtype(np.float32)
+
+
+def network_input(obs: np.ndarray) -> np.ndarray:
+    """A batch of observations ``(N, *obs_shape)`` in :func:`network_obs_dtype` (no copy when it is already)."""
+    return obs if obs.dtype == np.uint8 and obs.ndim == 4 else obs.astype(np.float32, copy=False)
+
+
 class NatureCNN(nn.Module):
     """The DQN Nature CNN over stacked uint8 frames, ending in 512 ReLU features."""
 

@@ -1,17 +1,34 @@
-"""A training run's plumbing, shared by the algorithms: torchrun, resume, arguments, seeds, device, checkpoints.
+"""A training run's plumbing, shared by the algorithms: torchrun, resume, arguments, seeds, device,
+checkpoints, stop signals and teardown.
 
 ``Run.start`` does, in order: join the torchrun job (if any); on rank 0, find and safely load the
 checkpoint to resume (``--resume PATH`` or ``--resume auto``) and broadcast it; merge the saved
 arguments with the flags given again; fill the env family's defaults; validate; split the global
-``--num-envs`` over the ranks; pick the run folder, the seeds, the thread plan (``run.threads``:
-torch's threads are set here, the env workers by ``make_vector_env(threads=run.threads)``) and the device.
+``--num-envs`` over the ranks; pick the run folder (and check that it can be written), the seeds, the
+thread plan (``run.threads``: torch's threads are set here, the env workers by
+``make_vector_env(threads=run.threads)``) and the device; and catch SIGTERM and Ctrl-C.
+
+A run is a context: everything the algorithm opens with ``run.closing(...)`` is closed when the ``with``
+block ends, however it ends, from the first line of setup on.
+
+Checkpoints hold the objects registered with ``run.register`` (the same on every rank: model, optimiser,
+normalisation statistics) and, per rank, ``run.register_per_rank`` ones (the sampling RNG) and every global
+RNG stream. ``run.restore()``, called right before the first iteration, puts a resumed run's states back,
+so it continues exactly where it stopped (docs/reliability.md says what a resume keeps and restarts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import asdict, dataclass
+import signal
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from fleetrl import checkpoint, config, runtime
 from fleetrl.distributed import Dist, init_distributed, rank_seed, split_evenly
@@ -19,6 +36,18 @@ from fleetrl.envs import EnvFamily, env_family
 from fleetrl.errors import FleetError
 
 IMAGE_FAMILIES = ("atari", "procgen")  # the families trained with a CNN; the others with small MLPs (for the thread plan)
+MAX_FAILED_CHECKPOINTS = 3  # checkpoint writes that may fail in a row before the run stops
+DIST_TIMEOUT = config.Range("seconds a collective waits for a missing rank", low=0, low_open=True, high=1e9)
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
+
+
+class StoppedBySignal(FleetError):
+    """SIGTERM (a scheduler's preemption) or Ctrl-C: the run checkpointed and stopped; resume it with --resume auto."""
+
+    def __init__(self, message: str, signum: int, quiet: bool = False):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # what a shell reports for a process ended by that signal
+        self.quiet = quiet
 
 
 @dataclass
@@ -29,26 +58,37 @@ class Run:
     device: Any
     local_num_envs: int
     resumed: dict[str, Any] | None  # the checkpoint this run continues from
+    algo: str = ""
     global_step: int = 0
     start_iteration: int = 0
     threads: runtime.ThreadPlan | None = None  # who gets this process's cores; printed with describe(backend)
+    last_checkpoint: str | None = None  # the newest checkpoint written (or resumed from)
+    _cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _shared: dict[str, Any] = field(default_factory=dict)  # name -> object with state_dict/load_state_dict
+    _per_rank: dict[str, Any] = field(default_factory=dict)
+    _env_shapes: tuple | None = None
+    _failed_writes: int = 0
+    _signal: int | None = None  # the stop signal received, if any
+    _old_handlers: dict = field(default_factory=dict)
 
     @classmethod
-    def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[[Any], None]) -> "Run":
+    def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[..., None], algo: str = "") -> "Run":
+        """``algo``: the algorithm's name (``fleetrl train ALGO``); a checkpoint written by another is refused."""
+        config.check_ranges(args, {"dist_timeout": DIST_TIMEOUT})  # needed before validate: joining the job uses it
         dist = init_distributed(args.cuda, args.dist_backend, args.dist_timeout)
         try:
-            return cls._start(args, explicit, family_defaults, validate, dist)
+            return cls._start(args, explicit, family_defaults, validate, dist, algo)
         except BaseException:
             dist.close()
             raise
 
     @classmethod
-    def _start(cls, args, explicit, family_defaults, validate, dist: Dist) -> "Run":
+    def _start(cls, args, explicit, family_defaults, validate, dist: Dist, algo: str) -> "Run":
         # rank 0 finds and loads the checkpoint; everyone gets it (or the same error) by broadcast
         loaded: Any = None
         if dist.is_main:
             try:
-                loaded = _load_resume(args)
+                loaded = _load_resume(args, algo)
             except FleetError as exc:
                 loaded = exc
         loaded = dist.broadcast_object(loaded)
@@ -60,18 +100,20 @@ class Run:
             args.run_dir = args.run_dir or resumed["args"]["run_dir"]
         family = env_family(args.env_id)
         args = config.apply_family_defaults(args, family_defaults, family.name)
-        validate(args)
+        validate(args, dist.world_size)
         local_num_envs = split_evenly(args.num_envs, dist.world_size, "The number of environments", "--num-envs")
         if dist.is_main and args.run_dir is None:
             args.run_dir = config.default_run_dir(args.env_id, args.exp_name, args.seed)
-        args.run_dir = dist.broadcast_object(args.run_dir)
+        problem = _check_writable(args.run_dir) if dist.is_main else None
+        args.run_dir, problem = dist.broadcast_object((args.run_dir, problem))
+        if problem:
+            raise FleetError(problem)
 
-        run = cls(args, family, dist, None, local_num_envs, resumed)
+        run = cls(args, family, dist, None, local_num_envs, resumed, algo)
         if resumed is not None:
             run.global_step, run.start_iteration = int(resumed["global_step"]), int(resumed["iteration"])
+            run.last_checkpoint = resumed.get("_path")
         runtime.seed_everything(run.seed, args.torch_deterministic)
-        if resumed is not None and dist.world_size == 1 and resumed.get("world_size", 1) == 1:
-            checkpoint.set_rng_state(resumed["rng"])  # same single process: continue the exact streams
         cnn = family.name in IMAGE_FAMILIES
         # a CNN's spinning threads collapse beside other jobs; sleeping ones do not (docs/backends.md, "Thread plan")
         watch = cnn and args.torch_threads is None and not runtime.threads_wait_passively()
@@ -80,8 +122,133 @@ class Run:
                                            policy_lag=getattr(args, "policy_lag", 0), torch_threads=args.torch_threads, busy_elsewhere=busy)
         runtime.apply_thread_plan(run.threads)
         run.device = dist.device if dist.enabled else runtime.pick_device(args.cuda, warn="cuda" in explicit and dist.is_main)
+        run._catch_stop_signals()
         return run
 
+    # ---------------------------------------------------------------- teardown
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def closing(self, obj: Any, close: Callable[[], Any] | None = None) -> Any:
+        """Close ``obj`` (``obj.close()``, or ``close``) when the run ends, however it ends; returns ``obj``."""
+        self._cleanup.callback(_quietly, close or obj.close)
+        return obj
+
+    def close(self) -> None:
+        """Close what the run opened, newest first, then leave the torchrun job; a failing close only warns."""
+        self._cleanup.close()
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+        self._old_handlers.clear()
+        self.dist.close()
+
+    # ---------------------------------------------------------------- stop signals
+    def _catch_stop_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach the main thread only; a run started from another thread keeps the defaults
+        for signum in STOP_SIGNALS:
+            self._old_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._signal == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+        self._signal = signum
+        if self.dist.is_main:
+            print(f"\nfleetrl: {STOP_SIGNALS[signum]} received: writing a checkpoint at the end of this iteration, then stopping"
+                  f"{' (Ctrl-C again stops at once)' if signum == signal.SIGINT else ''}.", file=sys.stderr, flush=True)
+
+    def stop_requested(self) -> bool:
+        """Whether any rank got SIGTERM or Ctrl-C; all ranks get the same answer (one small all-reduce an iteration)."""
+        got = np.array([self._signal == signal.SIGTERM, self._signal == signal.SIGINT], np.float64)
+        term, interrupt = self.dist.allreduce_sum_np(got)  # how many ranks got each
+        if self._signal is None and (term or interrupt):
+            self._signal = signal.SIGTERM if term else signal.SIGINT
+        return bool(term or interrupt)
+
+    def stopped(self) -> StoppedBySignal:
+        """The error that ends a run stopped by a signal, after its checkpoint."""
+        signum = self._signal or signal.SIGTERM
+        return StoppedBySignal(
+            f"stopped by {STOP_SIGNALS.get(signum, signum)} at global step {self.global_step:,}. The checkpoint "
+            f"{self.last_checkpoint or '(none could be written)'} holds the run; continue it with: "
+            f"fleetrl train {self.algo} --resume auto --run-dir {self.args.run_dir}", signum, quiet=not self.dist.is_main)
+
+    # ---------------------------------------------------------------- checkpoints
+    def register(self, **objects: Any) -> None:
+        """Objects (with ``state_dict``/``load_state_dict``) that are the same on every rank: saved from rank 0."""
+        self._shared.update(objects)
+
+    def register_per_rank(self, **objects: Any) -> None:
+        """Objects each rank holds its own of (the sampling RNG): every rank's is saved."""
+        self._per_rank.update(objects)
+
+    def check_env(self, obs_shape: tuple[int, ...], action_shape: tuple[int, ...]) -> None:
+        """The env's shapes, saved with each checkpoint; a resumed checkpoint from an env of other shapes is refused."""
+        self._env_shapes = (tuple(obs_shape), tuple(action_shape))
+        if self.resumed is not None:
+            checkpoint.check_compatible(self.resumed, self.last_checkpoint or self.args.resume, obs_shape, action_shape, self.args.env_id)
+
+    def restore(self) -> None:
+        """Put a resumed run's registered states and RNG streams back. Call it right before the first iteration,
+        after everything that draws random numbers during setup, so the streams continue exactly."""
+        if self.resumed is None:
+            return
+        for name, obj in self._shared.items():
+            if name not in self.resumed:
+                raise FleetError(f"The checkpoint {self.last_checkpoint} has no {name!r} state; it was not written by this version of "
+                                 f"fleetrl {self.algo}. Start afresh in a new --run-dir.")
+            try:
+                obj.load_state_dict(self.resumed[name])
+            except (RuntimeError, ValueError, KeyError) as exc:
+                raise FleetError(f"The checkpoint {self.last_checkpoint} does not fit this run's {name}: {str(exc).splitlines()[0]} "
+                                 f"Resume it with the flags and env it was trained with.") from None
+        ranks = self.resumed.get("ranks")
+        if ranks is not None and len(ranks) == self.dist.world_size:  # same world size: each rank continues its own streams
+            mine = ranks[self.dist.rank]
+            for name, obj in self._per_rank.items():
+                obj.load_state_dict(mine[name])
+            checkpoint.set_rng_state(mine["rng"])
+        # another world size: the streams are re-derived from the seed and the step (``seed``), as in a fresh run
+
+    def save_checkpoint(self, global_step: int, iteration: int) -> str | None:
+        """Every rank calls this; rank 0 writes the checkpoint (atomically, checksummed) with every rank's RNG streams.
+
+        A failed write is reported and retried at the next checkpoint; after ``MAX_FAILED_CHECKPOINTS`` in a row
+        the run stops, naming the last good checkpoint. All ranks learn the outcome, so they stop together.
+        """
+        self.global_step = global_step
+        ranks = self.dist.gather_objects({"rng": checkpoint.rng_state(), **{k: v.state_dict() for k, v in self._per_rank.items()}})
+        outcome: tuple[str | None, str | None] = (None, None)
+        if self.dist.is_main:
+            state = {**{k: v.state_dict() for k, v in self._shared.items()}, "ranks": ranks, "global_step": global_step,
+                     "iteration": iteration, "algo": self.algo, "family": self.family.name, "args": asdict(self.args),
+                     "world_size": self.dist.world_size}
+            if self._env_shapes is not None:
+                state["obs_shape"], state["action_shape"] = self._env_shapes
+            try:
+                outcome = (str(checkpoint.save_checkpoint(state, self.args.run_dir, self.args.keep_checkpoints)), None)
+            except checkpoint.CheckpointWriteError as exc:
+                outcome = (None, str(exc))
+        path, failure = self.dist.broadcast_object(outcome)
+        if failure is None:
+            self._failed_writes, self.last_checkpoint = 0, path
+            return path
+        self._failed_writes += 1
+        last_good = self.last_checkpoint or "none (no checkpoint was written yet)"
+        if self._failed_writes >= MAX_FAILED_CHECKPOINTS:
+            raise FleetError(f"{failure} That is {self._failed_writes} failed checkpoint writes in a row, so the run stopped. "
+                             f"The last good checkpoint is {last_good}. Free space on (or fix) the disk of {self.args.run_dir}, "
+                             f"then continue with: fleetrl train {self.algo} --resume auto --run-dir {self.args.run_dir}")
+        if self.dist.is_main:
+            print(f"fleetrl: warning: {failure} Training goes on and the next checkpoint tries again "
+                  f"({self._failed_writes} of {MAX_FAILED_CHECKPOINTS} allowed failures in a row); the last good one is {last_good}.",
+                  file=sys.stderr, flush=True)
+        return None
+
+    # ---------------------------------------------------------------- seeds
     @property
     def cores(self) -> int:
         """The CPU cores this process may use: the machine's share for each process on it."""
@@ -91,7 +258,7 @@ class Run:
 
     @property
     def seed(self) -> int:
-        """This rank's torch/numpy seed; a resumed run re-derives it from its step (any world size)."""
+        """This rank's torch/numpy seed; a resumed run re-derives it from its step (then ``restore`` puts the saved streams back)."""
         return rank_seed(self.args.seed, self.dist.rank, self.global_step)
 
     @property
@@ -100,23 +267,38 @@ class Run:
         A resumed run starts new episodes, seeded apart by its step."""
         return self.args.seed + self.dist.rank * self.local_num_envs + self.global_step
 
-    def save_checkpoint(self, state: dict[str, Any]) -> str | None:
-        """Rank 0 writes the checkpoint atomically (with the arguments and RNG); other ranks write nothing."""
-        if not self.dist.is_main:
-            return None
-        state = {**state, "args": asdict(self.args), "rng": checkpoint.rng_state(), "world_size": self.dist.world_size}
-        return str(checkpoint.save_checkpoint(state, self.args.run_dir, self.args.keep_checkpoints))
 
-    def close(self) -> None:
-        self.dist.close()
+def _quietly(close: Callable[[], Any]) -> None:
+    """Teardown must finish, and must not hide the error that ended the run: a failing close only warns."""
+    try:
+        close()
+    except Exception as exc:  # noqa: BLE001 - any failure while closing is reported, not raised
+        print(f"fleetrl: warning: while closing: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
-def _load_resume(args: Any) -> dict[str, Any] | None:
+def _check_writable(run_dir: str) -> str | None:
+    """Why the run folder cannot hold logs and checkpoints, or None: checked before anything starts."""
+    probe = Path(run_dir) / f".fleetrl-write-test-{os.getpid()}"
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"0" * 4096)
+        probe.unlink()
+    except OSError as exc:
+        return (f"The run folder {run_dir} cannot be written ({exc.strerror or exc}). Choose a --run-dir on a writable disk "
+                f"with free space (logs and checkpoints go there).")
+    return None
+
+
+def _load_resume(args: Any, algo: str) -> dict[str, Any] | None:
     if args.resume == "auto":
         if args.run_dir is None:
             raise FleetError("--resume auto needs --run-dir: it resumes the newest checkpoint in that folder, or starts fresh there.")
-        return checkpoint.load_checkpoint(args.run_dir) if checkpoint.list_checkpoints(args.run_dir) else None
-    if args.resume is not None:
-        return checkpoint.load_checkpoint(args.resume)
-    return None
-
+        if not checkpoint.list_checkpoints(args.run_dir):
+            return None
+        source = args.run_dir
+    elif args.resume is not None:
+        source = args.resume
+    else:
+        return None
+    state, path = checkpoint.load_checkpoint_and_path(source, algo=algo or None)
+    return {**state, "_path": str(path)}

@@ -79,3 +79,176 @@ class BusyEnv(gym.Env):
 
 
 gym.register("Busy-v0", entry_point=BusyEnv)
+
+
+class HugeRewardEnv(NanRewardEnv):
+    """NanReward's twin whose reward after `nan_after` steps is finite but huge (1e38): the env passes fleetrl's
+    NaN/inf check, and the loss overflows to inf, a planted non-finite loss."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, 1e38 if self.total_steps > self.nan_after else reward, terminated, truncated, info
+
+
+gym.register("HugeReward-v0", entry_point=HugeRewardEnv)
+
+
+# --- odd envs (tests/test_odd_envs.py): each id makes one thing odd ----------------------------------------------
+
+ODD_OBS_SPACES = {
+    "float32": lambda: gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
+    "uint8": lambda: gym.spaces.Box(0, 255, (8,), np.uint8),  # a vector of bytes, not an image
+    "float64": lambda: gym.spaces.Box(-1.0, 1.0, (4,), np.float64),
+    "int64": lambda: gym.spaces.Box(-10, 10, (4,), np.int64),
+    "dict": lambda: gym.spaces.Dict({"position": gym.spaces.Box(-1.0, 1.0, (3,), np.float32), "mode": gym.spaces.Discrete(3)}),
+    "tuple": lambda: gym.spaces.Tuple((gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Discrete(4))),
+}
+ODD_ACTION_SPACES = {
+    "discrete": lambda: gym.spaces.Discrete(2),
+    "multidiscrete": lambda: gym.spaces.MultiDiscrete([3, 2]),
+    "multibinary": lambda: gym.spaces.MultiBinary(3),
+}
+
+
+class OddEnv(gym.Env):
+    """Random observations from its space, reward 1 a step, 20-step episodes (truncated), made odd by its kwargs:
+    the observation space (``obs``, a key of ODD_OBS_SPACES), the action space (``action``), a NaN in the
+    observation or an inf reward at step ``nan_obs_at`` / ``inf_reward_at`` of every episode, or an observation
+    of the wrong shape at reset (``reset_shape``) or at step ``bad_shape_at``."""
+
+    def __init__(self, obs="float32", action="discrete", nan_obs_at=None, inf_reward_at=None, reset_shape=None,
+                 bad_shape_at=None):
+        self.observation_space = ODD_OBS_SPACES[obs]()
+        self.action_space = ODD_ACTION_SPACES[action]()
+        self.nan_obs_at, self.inf_reward_at, self.bad_shape_at = nan_obs_at, inf_reward_at, bad_shape_at
+        self.reset_shape = reset_shape
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.observation_space.seed(seed)
+        self.t = 0
+        if self.reset_shape is not None:
+            return np.zeros(self.reset_shape, self.observation_space.dtype), {}
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        assert action in self.action_space, action
+        self.t += 1
+        obs, reward = self.observation_space.sample(), 1.0
+        if self.t == self.nan_obs_at:
+            obs[1] = np.nan
+        if self.t == self.inf_reward_at:
+            reward = float("inf")
+        if self.t == self.bad_shape_at:
+            obs = np.zeros(self.observation_space.shape[0] + 1, self.observation_space.dtype)
+        return obs, reward, False, self.t >= 20, {}
+
+
+for _id, _kwargs in {
+    "Uint8Obs-v0": dict(obs="uint8"),
+    "Float64Obs-v0": dict(obs="float64"),
+    "IntObs-v0": dict(obs="int64"),
+    "DictObs-v0": dict(obs="dict"),
+    "TupleObs-v0": dict(obs="tuple"),
+    "NanObs-v0": dict(nan_obs_at=5),
+    "InfReward-v0": dict(inf_reward_at=7),
+    "WrongResetShape-v0": dict(reset_shape=(3,)),
+    "WrongStepShape-v0": dict(bad_shape_at=4),
+    "MultiDiscreteActions-v0": dict(action="multidiscrete"),
+    "MultiBinaryActions-v0": dict(action="multibinary"),
+}.items():
+    gym.register(_id, entry_point=OddEnv, kwargs=_kwargs)
+
+
+class StatelessEnv(gym.Env):
+    """The same observation every step, reward 1 for action 1, and no episode end: a run that restarts its
+    episodes on resume sees exactly what an uninterrupted run sees, so an exact resume gives identical weights."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.obs = np.array([0.1, -0.2, 0.3, 0.5], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.obs.copy(), {}
+
+    def step(self, action):
+        return self.obs.copy(), float(action == 1), False, False, {}
+
+
+gym.register("Stateless-v0", entry_point=StatelessEnv)
+
+
+# --- env workers that fail (tests/test_worker_restart.py) ----------------------------------------------------------
+
+
+class FlakyEnv(gym.Env):
+    """Obs ``[t, noise, pid]``: the step in the episode, a draw from the env's RNG at reset, and the process
+    that steps it (so a test sees a restarted worker). Reward 1 a step; truncated after ``length`` steps.
+
+    On its ``fail_on_step``-th step (counted over this env object's life, so a rebuilt env counts again) it
+    fails as ``how`` says: "raise" (a RuntimeError), "fleet" (a FleetError, which the vector env does not
+    restart), "hang" (sleeps far past any test), "crash" (SIGSEGV, as a native crash). With ``once_file``
+    only the first env to get there fails (it creates that file first), so a restarted env runs clean.
+    ``step_s``: a sleep per step, to kill the worker while it steps.
+    """
+
+    def __init__(self, fail_on_step=None, how="raise", once_file=None, length=1000, step_s=0.0):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float64)
+        self.action_space = gym.spaces.Discrete(2)
+        self.fail_on_step, self.how, self.once_file = fail_on_step, how, once_file
+        self.length, self.step_s = length, step_s
+        self.t = self.total_steps = 0
+        self.noise = 0.0
+
+    def _obs(self):
+        import os
+
+        return np.array([self.t, self.noise, os.getpid()], np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.noise = float(self.np_random.integers(0, 1_000_000))
+        return self._obs(), {}
+
+    def step(self, action):
+        import os
+        import signal
+        import time
+
+        if self.step_s:
+            time.sleep(self.step_s)
+        self.t += 1
+        self.total_steps += 1
+        if self.total_steps == self.fail_on_step and self._claim_failure():
+            if self.how == "raise":
+                raise RuntimeError(f"FlakyEnv was told to fail on step {self.fail_on_step}")
+            if self.how == "fleet":
+                from fleetrl.errors import FleetError
+
+                raise FleetError(f"FlakyEnv found its own observation wrong on step {self.fail_on_step}")
+            if self.how == "hang":
+                time.sleep(1000)
+            if self.how == "crash":
+                os.kill(os.getpid(), signal.SIGSEGV)
+        return self._obs(), 1.0, False, self.t >= self.length, {}
+
+    def _claim_failure(self):
+        if self.once_file is None:
+            return True
+        try:
+            open(self.once_file, "x").close()
+            return True
+        except FileExistsError:
+            return False
+
+
+gym.register("Flaky-v0", entry_point=FlakyEnv)
+
+
+# every env of the vector fails on each 300th step of its life: a PPO run restarts its workers a few times
+gym.register("FlakyTrain-v0", entry_point=FlakyEnv, kwargs={"fail_on_step": 300, "how": "raise", "length": 50})

@@ -35,7 +35,7 @@ def test_a_crash_while_writing_leaves_the_last_good_checkpoint_intact(tmp_path, 
         checkpoint.save_checkpoint(state(200), tmp_path, keep=3)
     monkeypatch.setattr(torch, "save", real_save)
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt_000000000100.pt"]
-    assert os.listdir(tmp_path / "checkpoints") == ["ckpt_000000000100.pt"], "no temporary file is left behind"
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["ckpt_000000000100.json", "ckpt_000000000100.pt"], "no temporary file is left behind"
     assert checkpoint.load_checkpoint(tmp_path)["model"]["w"].tolist() == [100.0] * 3
 
 

@@ -53,8 +53,9 @@ def test_killed_run_resumes_to_the_requested_steps_with_continuous_step_lr_and_l
 
 def test_planted_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     run_dir = tmp_path / "nan"
-    # the env returns NaN rewards from its 1501st step: 4 envs x 128 steps puts that in iteration 12
-    proc = run_fleetrl("train", "ppo", "--env-id", "fleetrl_test_envs:NanReward-v0", "--total-timesteps", "51200",
+    # the env returns a finite but huge reward (1e38) from its 1501st step, which passes the env output check and
+    # overflows the loss: 4 envs x 128 steps puts that in iteration 12
+    proc = run_fleetrl("train", "ppo", "--env-id", "fleetrl_test_envs:HugeReward-v0", "--total-timesteps", "51200",
                        "--checkpoint-every", "1", "--run-dir", str(run_dir), "--no-cuda", timeout=300)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "non-finite" in proc.stderr and "iteration 12" in proc.stderr and "ckpt_000000005632.pt" in proc.stderr

@@ -171,11 +171,12 @@ def test_slow_env_does_not_idle_the_fast_ones_with_async_batch():
 
 
 @pytest.mark.parametrize("where", ["step", "reset"])
-def test_env_exception_reaches_caller_as_env_worker_error_naming_env_and_worker(where):
+def test_env_exception_without_restarts_left_reaches_caller_as_env_worker_error_naming_env_and_worker(where):
+    # restarts are tests/test_worker_restart.py's subject; with none allowed the first failure stops the run
     kwargs = {"raise_on_step": 3} if where == "step" else {"raise_on_reset": True}
     fns = counting(6)
     fns[3] = MakeEnv("ShmCounting-v0", kwargs)
-    envs = SharedMemoryVectorEnv(fns, num_workers=3)  # env 3 is in worker 1 (groups 0-1, 2-3, 4-5)
+    envs = SharedMemoryVectorEnv(fns, num_workers=3, max_restarts=0)  # env 3 is in worker 1 (groups 0-1, 2-3, 4-5)
     pids = envs.worker_pids
     start = time.perf_counter()
     with pytest.raises(EnvWorkerError) as caught:
@@ -187,22 +188,25 @@ def test_env_exception_reaches_caller_as_env_worker_error_naming_env_and_worker(
     assert "Env 3" in message and "env worker 1" in message and "ShmCounting-v0" in message
     assert f"raised during {where}" in message
     assert "Traceback" in message and "RuntimeError: CountingEnv was told to fail" in message
-    assert caught.value.env_index == 3 and caught.value.worker_index == 1
+    assert "max_restarts=0" in message and "--max-env-restarts" in message
+    assert caught.value.env_index == 3 and caught.value.worker_index == 1 and envs.worker_restarts == 0
     assert all(gone(pid) for pid in pids), "a failure closes the vector env"
     with pytest.raises(FleetError, match="closed"):
         envs.step(np.zeros(6, np.int64))
 
 
-def test_env_that_fails_to_build_is_reported_at_construction():
+def test_env_that_fails_to_build_is_reported_at_construction_not_restarted(capsys):
     fns = counting(4)
     fns[2] = MakeEnv("ShmCounting-v0", {"no_such_argument": 1})
-    with pytest.raises(EnvWorkerError, match=r"(?s)Env 2 .*env worker 1.*construction.*no_such_argument"):
+    with pytest.raises(EnvWorkerError, match=r"(?s)Env 2 .*env worker 1.*construction.*no_such_argument") as caught:
         SharedMemoryVectorEnv(fns, num_workers=2)
+    assert "max_restarts" not in str(caught.value) and "restarting" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("when", ["idle", "in_flight"])
-def test_killed_worker_is_detected_not_waited_for(when):
-    envs = SharedMemoryVectorEnv(counting(4, step_us=100_000 if when == "in_flight" else 0), num_workers=2)
+def test_killed_worker_without_restarts_left_is_detected_not_waited_for(when):
+    envs = SharedMemoryVectorEnv(counting(4, step_us=100_000 if when == "in_flight" else 0), num_workers=2,
+                                 max_restarts=0)
     envs.reset(seed=0)
     victim = envs.worker_pids[1]
     start = time.perf_counter()
@@ -299,15 +303,18 @@ def test_async_batch_must_be_whole_worker_groups():
             envs.step(np.zeros(4, np.int64))
 
 
-def test_workers_ignore_sigint_and_use_one_thread():
+def test_workers_ignore_sigint_and_sigterm_and_use_one_thread():
     fns = [MakeEnv("ShmCounting-v0")] * 2
     with SharedMemoryVectorEnv(fns, num_workers=2, start_method="spawn") as envs:
         envs.reset(seed=0)
-        for pid in envs.worker_pids:
+        pids = list(envs.worker_pids)
+        for pid in pids:
             os.kill(pid, signal.SIGINT)
+            os.kill(pid, signal.SIGTERM)  # Slurm signals the whole job step; the trainer owns shutdown
             assert psutil.Process(pid).environ().get("OMP_NUM_THREADS") == "1"
         time.sleep(0.2)
         envs.step(np.zeros(2, np.int64))  # still alive and serving
+        assert list(envs.worker_pids) == pids and envs.worker_restarts == 0
 
 
 @pytest.mark.slow

@@ -22,11 +22,12 @@ from torch import nn
 
 from fleetrl import checkpoint, config
 from fleetrl.accel import autocast, check_precision, choose_accel
-from fleetrl.distributed import Dist
+from fleetrl.distributed import Dist, split_evenly
 from fleetrl.envs import make_vector_env
+from fleetrl.envs.spaces import check_spaces
 from fleetrl.errors import FleetError, NonFiniteLossError
 from fleetrl.monitor import Logger, PhaseTimer, Progress, ResourceSampler, TrainResult, describe_usage
-from fleetrl.run import Run
+from fleetrl.run import DIST_TIMEOUT, Run
 from fleetrl.nets import (
     ImpalaCNN,
     NatureCNN,
@@ -37,6 +38,7 @@ from fleetrl.nets import (
     gaussian_sample,
     layer_init,
     mlp,
+    network_input,
 )
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
 from fleetrl.sampling.sampler import Sampler, check_sampling_flags, local_async_batch
@@ -129,6 +131,10 @@ class Args:
     """torch.distributed backend under torchrun [nccl on CUDA, gloo on CPU]"""
     dist_timeout: float = 300.0
     """seconds a collective waits for a missing rank before the job fails (keep it above a checkpoint write)"""
+    max_env_restarts: int = 10
+    """env worker processes (async backend) that may crash or hang and be restarted in one run before it stops"""
+    env_timeout: float = 60.0
+    """seconds an env worker may take to answer before it counts as hung and is restarted (0: wait forever)"""
 
 
 FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.py
@@ -141,22 +147,72 @@ for _defaults in FAMILY_DEFAULTS.values():
     _defaults.setdefault("gamma", 0.99)
 
 
-def validate(args: Args) -> None:
-    """Refuse a configuration that cannot run, before anything starts."""
-    config.check_positive(num_envs=args.num_envs, num_steps=args.num_steps, num_minibatches=args.num_minibatches,
-                          update_epochs=args.update_epochs, total_timesteps=args.total_timesteps, learning_rate=args.learning_rate,
-                          checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
+# what each numeric flag accepts (after the family defaults are filled), checked before anything starts
+RANGES = {
+    "seed": config.SEED,
+    "total_timesteps": config.count("the environment steps to train for"),
+    "learning_rate": config.positive("the optimizer's step size", config.COEF_MAX),
+    "num_envs": config.count("parallel environments, over all processes"),
+    "num_steps": config.count("steps each env takes per rollout"),
+    "gamma": config.fraction("the discount factor"),
+    "gae_lambda": config.fraction("the GAE lambda"),
+    "num_minibatches": config.count("minibatches each batch is split into"),
+    "update_epochs": config.count("passes over each batch"),
+    "clip_coef": config.positive("the surrogate clipping range", config.COEF_MAX),
+    "ent_coef": config.non_negative("the weight of the entropy bonus", config.COEF_MAX),
+    "vf_coef": config.non_negative("the weight of the value loss", config.COEF_MAX),
+    "max_grad_norm": config.positive("the gradient norm clipping threshold", config.COEF_MAX),
+    "target_kl": config.positive("the KL divergence that stops an update early", config.COEF_MAX, optional=True,
+                                 hint="Leave it out to never stop early."),
+    "async_batch": config.count("envs returned per step", optional=True, hint="Leave it out for the default sampling."),
+    "policy_lag": config.count("0: every rollout uses the newest weights; 1: one update behind", low=0, high=1),
+    "sticky_actions": config.fraction("the Atari sticky-action probability", optional=True),
+    "checkpoint_every": config.count("iterations between checkpoints"),
+    "keep_checkpoints": config.count("newest checkpoints kept"),
+    "torch_threads": config.count("torch CPU threads", high=1024, optional=True, hint="Leave it out to use the thread plan."),
+    "dist_timeout": DIST_TIMEOUT,
+    "max_env_restarts": config.count("env worker restarts allowed in one run", low=0),
+    "env_timeout": config.Range("seconds an env worker may take to answer; 0: wait forever", low=0, high=1e9),
+}
+
+
+def validate(args: Args, world_size: int = 1) -> None:
+    """Refuse a configuration that cannot run, before anything starts. ``world_size``: the torchrun
+    processes, each of which holds ``--num-envs / world_size`` envs and splits its own batch into minibatches."""
+    config.check_ranges(args, RANGES)
+    if args.run_dir is not None and not args.run_dir.strip():
+        raise FleetError("--run-dir is empty: give the folder for the logs and checkpoints, or leave it out for "
+                         "runs/{env_id}__{exp_name}__{seed}__{timestamp}.")
     check_precision(args.precision)
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
+    local_num_envs = split_evenly(args.num_envs, world_size, "The number of environments", "--num-envs")
+    batch_size, local_batch_size = args.num_envs * args.num_steps, local_num_envs * args.num_steps
+    if local_batch_size % args.num_minibatches:
+        held = (f"Each of the {world_size} processes holds (--num-envs {args.num_envs} / {world_size}) x --num-steps {args.num_steps} = "
+                f"{local_batch_size} samples, which do" if world_size > 1 else
+                f"The batch of --num-envs {args.num_envs} x --num-steps {args.num_steps} = {batch_size} samples does")
         raise FleetError(
-            f"The batch of --num-envs {args.num_envs} x --num-steps {args.num_steps} = {batch_size} samples does not split "
-            f"into --num-minibatches {args.num_minibatches}. Choose --num-minibatches that divides {batch_size}, "
-            f"or change --num-envs/--num-steps."
+            f"{held} not split into --num-minibatches {args.num_minibatches} whole minibatches of at least 1 sample. "
+            f"Choose --num-minibatches that divides {local_batch_size} (e.g. {_divisors(local_batch_size)}), or change --num-envs/--num-steps."
+        )
+    if args.norm_adv and batch_size // args.num_minibatches < 2:  # the std of one sample is undefined: a NaN loss
+        raise FleetError(
+            f"--num-minibatches {args.num_minibatches} leaves 1 sample per minibatch (a batch of {batch_size}), and advantage "
+            f"normalisation divides by each minibatch's standard deviation, which needs at least 2. Use fewer minibatches, "
+            f"more --num-envs/--num-steps, or --no-norm-adv."
+        )
+    if args.async_batch is not None and args.num_envs % args.async_batch:
+        raise FleetError(
+            f"--async-batch {args.async_batch} must divide --num-envs {args.num_envs}: a rollout holds --num-envs x --num-steps "
+            f"transitions, received K at a time. Choose a divisor (e.g. {_divisors(args.num_envs)}), or leave it out."
         )
     check_sampling_flags(args.num_envs, args.async_batch, args.policy_lag, args.actor_device)
     if args.total_timesteps < batch_size:
         raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size}); raise it.")
+
+
+def _divisors(n: int, most: int = 8) -> str:
+    """Some divisors of ``n``, the small ones (a bounded search: ``n`` can be huge)."""
+    return ", ".join(str(d) for d in [d for d in range(1, min(n, 4096) + 1) if n % d == 0][:most])
 
 
 # ============================================================================ networks
@@ -259,72 +315,66 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line
     (they win over a resumed run's saved arguments)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
-    run = Run.start(args, explicit, FAMILY_DEFAULTS, validate)  # torchrun, resume, defaults, seeds, device
-    args, dist, device, family = run.args, run.dist, run.device, run.family
-    batch_size = args.num_envs * args.num_steps  # global, over all ranks
-    local_batch_size = run.local_num_envs * args.num_steps
-    local_minibatch_size = local_batch_size // args.num_minibatches  # each rank's 1/W of a global minibatch
-    num_iterations = args.total_timesteps // batch_size
+    # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
+    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="ppo") as run:
+        args, dist, device, family = run.args, run.dist, run.device, run.family
+        batch_size = args.num_envs * args.num_steps  # global, over all ranks
+        local_batch_size = run.local_num_envs * args.num_steps
+        local_minibatch_size = local_batch_size // args.num_minibatches  # each rank's 1/W of a global minibatch
+        num_iterations = args.total_timesteps // batch_size
 
-    async_batch = local_async_batch(args, run.local_num_envs)  # None: every env each step
-    envs = make_vector_env(args.env_id, run.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions,
-                           family=family, async_batch=async_batch, cores=run.cores, verbose=dist.is_main, threads=run.threads,
-                           split=async_batch is None,  # auto probes the backends as the sampler will step them
-                           video_dir=f"{args.run_dir}/videos" if args.capture_video and dist.is_main else None)
-    obs_shape = envs.single_observation_space.shape
-    agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
-    dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
-    accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
-                         dist, verbose=dist.is_main)  # precision and memory format: measured at start, explained
-    loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
-    grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
-    # continuous control normalises observations and rewards in the trainer: one set of statistics for
-    # all envs of all ranks (their sums are all-reduced every step, or once an iteration with --policy-lag 1)
-    obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if family.continuous else None
-    reward_norm = RewardNormalizer(run.local_num_envs, args.gamma, dist.allreduce_sum_np) if family.continuous else None
+        async_batch = local_async_batch(args, run.local_num_envs)  # None: every env each step
+        envs = run.closing(make_vector_env(
+            args.env_id, run.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=family,
+            async_batch=async_batch, cores=run.cores, verbose=dist.is_main, threads=run.threads,
+            split=async_batch is None,  # auto probes the backends as the sampler will step them
+            max_restarts=args.max_env_restarts, env_timeout=args.env_timeout,  # a crashed or hung env worker is restarted
+            video_dir=f"{args.run_dir}/videos" if args.capture_video and dist.is_main else None))
+        check_spaces(args.env_id, envs.single_observation_space, envs.single_action_space, "ppo")  # what PPO can take
+        obs_shape = envs.single_observation_space.shape
+        run.check_env(obs_shape, envs.single_action_space.shape)  # a resumed checkpoint must fit this env
+        agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
+        dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
+        accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
+                             dist, verbose=dist.is_main)  # precision and memory format: measured at start, explained
+        loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
+        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
+        grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
+        run.register(model=agent, optimizer=optimizer)  # what checkpoints hold, besides every rank's RNG streams
+        # continuous control normalises observations and rewards in the trainer: one set of statistics for
+        # all envs of all ranks (their sums are all-reduced every step, or once an iteration with --policy-lag 1)
+        obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if family.continuous else None
+        reward_norm = RewardNormalizer(run.local_num_envs, args.gamma, dist.allreduce_sum_np) if family.continuous else None
+        if family.continuous:
+            run.register(obs_rms=obs_norm.rms, reward_rms=reward_norm.rms)
 
-    global_step = run.global_step
-    if run.resumed is not None:
-        agent.load_state_dict(run.resumed["model"])
-        optimizer.load_state_dict(run.resumed["optimizer"])
-        if obs_norm is not None:
-            obs_norm.rms.load_state_dict(run.resumed["obs_rms"])
-            reward_norm.rms.load_state_dict(run.resumed["reward_rms"])
+        # only rank 0 writes logs; a resumed run's curves continue after its checkpoint (later points are purged)
+        global_step = run.global_step
+        logger = run.closing(Logger(args.run_dir, enabled=dist.is_main, purge_step=global_step + 1 if run.resumed else None,
+                                    track=args.track, wandb_project=args.wandb_project_name, wandb_entity=args.wandb_entity, config=args))
+        logger.hparams(args)
+        logger.text("env_backend", f"{envs.backend}: {envs.backend_reason}")
+        logger.text("precision", f"{accel.label}: {accel.reason}")
+        logger.text("thread_plan", envs.thread_plan)
+        if dist.is_main:
+            print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps"
+                  f"{f' over {dist.world_size} processes' if dist.enabled else ''}; logs in {args.run_dir}", flush=True)
+        progress = run.closing(Progress(num_iterations * batch_size, global_step, enabled=args.progress and dist.is_main))
+        timer = PhaseTimer(distributed=dist.enabled)
+        resources = ResourceSampler(interval=1.0, enabled=dist.is_main)  # CPU, memory, GPU of this process tree
+        run.closing(resources.start(), close=resources.stop)
+        dist.comm_phase = timer.comm
+        result = TrainResult(args.run_dir)
 
-    def save() -> str | None:
-        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "actor": sampler.state_dict(),
-                 "global_step": global_step, "iteration": iteration, "algo": "ppo", "family": family.name}
-        if obs_norm is not None:
-            state["obs_rms"], state["reward_rms"] = obs_norm.rms.state_dict(), reward_norm.rms.state_dict()
-        return run.save_checkpoint(state)
+        # the rollout engine: acting weights, sampling RNG, buffers; serial, split, first-ready or one update behind
+        sampler = run.closing(Sampler(envs, agent, args.num_steps, device=device, seed=run.seed, env_seed=run.env_seed, timer=timer,
+                                      actor_device=args.actor_device, policy_lag=args.policy_lag, async_batch=async_batch,
+                                      obs_norm=obs_norm, reward_norm=reward_norm, global_step=global_step, global_envs=args.num_envs,
+                                      verbose=dist.is_main))  # closing it stops its thread and closes the envs
+        run.register_per_rank(actor=sampler)  # each rank's sampling noise
+        run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
+        start_time, start_step = time.perf_counter(), global_step
 
-    # only rank 0 writes logs; a resumed run's curves continue after its checkpoint (later points are purged)
-    logger = Logger(args.run_dir, enabled=dist.is_main, purge_step=global_step + 1 if run.resumed else None,
-                    track=args.track, wandb_project=args.wandb_project_name, wandb_entity=args.wandb_entity, config=args)
-    logger.hparams(args)
-    logger.text("env_backend", f"{envs.backend}: {envs.backend_reason}")
-    logger.text("precision", f"{accel.label}: {accel.reason}")
-    logger.text("thread_plan", envs.thread_plan)
-    if dist.is_main:
-        print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps"
-              f"{f' over {dist.world_size} processes' if dist.enabled else ''}; logs in {args.run_dir}", flush=True)
-    progress = Progress(num_iterations * batch_size, global_step, enabled=args.progress and dist.is_main)
-    timer = PhaseTimer(distributed=dist.enabled)
-    resources = ResourceSampler(interval=1.0, enabled=dist.is_main).start()  # CPU, memory, GPU of this process tree
-    dist.comm_phase = timer.comm
-    result = TrainResult(args.run_dir)
-
-    # the rollout engine: acting weights, sampling RNG, buffers; serial, split, first-ready or one update behind
-    sampler = Sampler(envs, agent, args.num_steps, device=device, seed=run.seed, env_seed=run.env_seed, timer=timer,
-                      actor_device=args.actor_device, policy_lag=args.policy_lag, async_batch=async_batch,
-                      obs_norm=obs_norm, reward_norm=reward_norm, global_step=global_step, global_envs=args.num_envs, verbose=dist.is_main)
-    if run.resumed is not None and dist.world_size == 1 and run.resumed.get("world_size", 1) == 1:
-        sampler.load_state_dict(run.resumed["actor"])  # same single process: continue the sampling noise
-    start_time, start_step = time.perf_counter(), global_step
-    iteration, last_checkpoint = run.start_iteration, None
-
-    try:
         for iteration in range(run.start_iteration + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -364,7 +414,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 if not torch.isfinite(losses).all():  # read once an iteration: no host sync per minibatch on a GPU
                     raise NonFiniteLossError(
                         f"The loss became non-finite ({losses[~torch.isfinite(losses)][0].item()}) at iteration {iteration} (global step {global_step}); "
-                        f"the run stopped without saving. The last good checkpoint is {last_checkpoint or 'none (none was written yet)'}. "
+                        f"the run stopped without saving. The last good checkpoint is {run.last_checkpoint or 'none (none was written yet)'}. "
                         f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
                     )
             sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
@@ -376,7 +426,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
             result.episode_returns += [r for _, r, _ in all_episodes]
             stats["clipfrac"] = torch.stack(clipfracs).mean()
             names = list(stats)
-            global_stats = dict(zip(names, dist.mean(stats[k].item() for k in names)))  # global figures
+            *means, restarts = dist.mean([stats[k].item() for k in names] + [getattr(envs, "worker_restarts", 0)])
+            global_stats = dict(zip(names, means))  # global figures
             sps = (global_step - start_step) / (time.perf_counter() - start_time)
             perf = timer.lap()
             result.iteration_seconds.append(timer.last_lap_seconds)
@@ -388,25 +439,22 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 "charts/SPS_window": batch_size / timer.last_lap_seconds,
                 "charts/policy_lag": sampler.policy_lag,
             }, global_step)
-            usage = resources.latest()
+            usage = {**resources.latest(), "resources/env_worker_restarts": restarts * dist.world_size}  # all ranks' envs
             logger.monitor_scalars({**perf, **usage}, global_step, last=iteration == num_iterations)
             progress.update(global_step, sps, logger.mean_recent_return, extra=describe_usage(usage, perf))
-            if iteration % args.checkpoint_every == 0 or iteration == num_iterations:
+            stop = run.stop_requested()  # SIGTERM or Ctrl-C on any rank: checkpoint now, then stop (all ranks agree)
+            if stop or iteration % args.checkpoint_every == 0 or iteration == num_iterations:
                 logger.flush()  # the logs up to the checkpoint survive a kill
-                last_checkpoint = save()
+                run.save_checkpoint(global_step, iteration)
+            if stop:
+                raise run.stopped()
         digest = dist.check_replicas_identical(agent)
-    finally:
-        resources.stop()
-        progress.close()
-        logger.close()
-        sampler.close()  # stops the sampler thread, closes the envs
-        run.close()
 
     if dist.is_main:
         if dist.enabled:
             print(f"replicas in sync: {dist.world_size} ranks hold bit-identical parameters (sha256 {digest[:16]})", flush=True)
         print(f"done: {global_step:,} steps. TensorBoard logs: {args.run_dir}  (tensorboard --logdir {args.run_dir})", flush=True)
-        print(f"checkpoint: {last_checkpoint or checkpoint.resolve_checkpoint(args.run_dir)}", flush=True)
+        print(f"checkpoint: {run.last_checkpoint or checkpoint.resolve_checkpoint(args.run_dir)}", flush=True)
     result.global_step = global_step
     return result
 
@@ -414,6 +462,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
 # ============================================================================ evaluation
 def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     """The trained policy as ``obs -> action``, with the saved normalisation statistics frozen."""
+
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space, impala=state.get("family") == "procgen")
     agent.load_state_dict(state["model"])
     agent.eval()
@@ -427,7 +476,7 @@ def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
         if obs_norm is not None:
             obs = obs_norm.normalize(obs)
         with torch.inference_mode():
-            x = torch.as_tensor(obs if obs.dtype == np.uint8 else obs.astype(np.float32))
+            x = torch.as_tensor(network_input(obs))  # uint8 images as bytes, any other observation as float32
             action = agent.deterministic_action(x) if deterministic else agent.act(x)[0]
         action = action.numpy()
         if agent.continuous:

@@ -36,6 +36,8 @@ def make_vector_env(
     every_episode: bool = False,
     split: bool = False,
     threads: ThreadPlan | None = None,
+    max_restarts: int = 10,
+    env_timeout: float | None = 60.0,
 ):
     """Build ``num_envs`` copies of ``env_id`` behind the vector interface of :mod:`fleetrl.envs.vector`.
 
@@ -48,6 +50,8 @@ def make_vector_env(
     sets the async backend's worker processes and ale/EnvPool's threads (without a plan: one per
     core of ``cores``, at most one per env). With ``verbose`` the plan is printed after the backend; it is attached to the
     envs as ``thread_plan`` (one line, for the logs).
+    ``max_restarts``, ``env_timeout``: the async backend restarts env workers that raise, die or hang
+    (longer than ``env_timeout`` s) up to ``max_restarts`` times in all; other backends ignore them.
     """
     family = family or env_family(env_id)
     if backend not in BACKENDS:
@@ -68,12 +72,14 @@ def make_vector_env(
         print(f"env backend: {backend} ({reason})", flush=True)
         if thread_plan:
             print(thread_plan, flush=True)
-    envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode)
+    envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
+                  max_restarts, env_timeout)
     envs.backend, envs.backend_reason, envs.thread_plan = backend, reason, thread_plan  # logged by the trainer
     return envs
 
 
-def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode):
+def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
+           max_restarts=10, env_timeout=60.0):
     # ``workers``: worker processes (async) or C++ threads (ale, envpool): explicit, so that several
     # training processes on one machine do not each start a thread per core
     if family.name == "procgen" and backend != "envpool":
@@ -94,7 +100,8 @@ def _build(env_id, num_envs, backend, training, sticky_actions, family, async_ba
     if backend == "async":
         from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
 
-        return SharedMemoryVectorEnv(factories, num_workers=workers, async_batch=async_batch)
+        return SharedMemoryVectorEnv(factories, num_workers=workers, async_batch=async_batch, max_restarts=max_restarts,
+                                     env_timeout=env_timeout)
     return (GymSyncVectorEnv if backend == "gym-sync" else SyncVectorEnv)(factories)
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fleetrl.envs.registry import EnvFactory, EnvFamily
+from fleetrl.errors import EnvOutputError
 
 PROBE_SECONDS = 1.0
 ASYNC_MIN_STEP_US = 100.0  # below this, one in-process loop beats waking worker processes
@@ -190,6 +191,9 @@ def probe_step_cost_us(env_id: str, family: EnvFamily, seconds: float = PROBE_SE
             if terminated or truncated:
                 env.reset()
         return float(np.median(costs) * 1e6)
+    except EnvOutputError as exc:  # a NaN or a wrong shape: the env is at fault whichever backend runs it
+        raise EnvOutputError(f"{exc} (Found while --env-backend auto timed the env's steps, with random actions, "
+                             f"before training.)") from None
     finally:
         env.close()
 

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import multiprocessing
+import os
 import re
 from dataclasses import dataclass
 
 import gymnasium as gym
 
 from fleetrl.envs import atari
-from fleetrl.envs.wrappers import EpisodeStats
-from fleetrl.errors import FleetError, require
+from fleetrl.envs.spaces import check_action_space
+from fleetrl.envs.wrappers import CheckOutputs, EpisodeStats
+from fleetrl.errors import FleetError, UnsupportedSpaceError, require
 
 
 PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
@@ -89,11 +92,8 @@ def env_family(env_id: str) -> EnvFamily:
         return EnvFamily("mujoco", continuous=True)
     probe = gym.make(name)
     try:
+        check_action_space(env_id, probe.action_space)
         continuous = isinstance(probe.action_space, gym.spaces.Box)
-        if not continuous and not isinstance(probe.action_space, gym.spaces.Discrete):
-            raise FleetError(
-                f"--env-id {env_id!r} has action space {probe.action_space}; fleetrl's PPO supports Discrete and Box actions."
-            )
     finally:
         probe.close()
     # continuous-control envs outside MuJoCo (Pendulum, ...) take the MuJoCo defaults, as in CleanRL
@@ -102,7 +102,13 @@ def env_family(env_id: str) -> EnvFamily:
 
 @dataclass(frozen=True)
 class EnvFactory:
-    """A picklable recipe for one env of a vector (it can travel to a worker process)."""
+    """A picklable recipe for one env of a vector (it can travel to a worker process).
+
+    Every family but Atari (whose wrappers make the CNN's frames) is made fit for the networks here:
+    observations that are not a 1-D Box (Dict, Tuple, Discrete, 2-D or 3-D Box) are flattened into a
+    vector, which is said once, and :class:`fleetrl.envs.wrappers.CheckOutputs` stops the run with a clear
+    error at a NaN or inf observation or reward, or at an observation of the wrong shape.
+    """
 
     env_id: str
     family: str
@@ -119,8 +125,10 @@ class EnvFactory:
         else:
             kwargs = {"render_mode": render_mode} if render_mode else {}  # custom envs may not take it
             env = EpisodeStats(gym.make(name, **kwargs))
-            if len(env.observation_space.shape) != 1:  # dict or image observations of a vector env
-                env = gym.wrappers.FlattenObservation(env)
+            space = env.observation_space
+            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:  # Dict, Tuple, Discrete, 2-D, images
+                env = _flattened(env, self.env_id)
+            env = CheckOutputs(env, self.env_id)  # NaN/inf or a wrong shape: a clear error naming the env and the step
         if self.video_dir:
             from fleetrl.envs.video import VideoRecorder
 
@@ -130,3 +138,25 @@ class EnvFactory:
 
 def _every_episode(episode_id: int) -> bool:
     return True
+
+
+_ANNOUNCED: set[str] = set()  # env ids whose flattening this process has reported
+
+
+def _flattened(env: gym.Env, env_id: str) -> gym.Env:
+    """``env`` with its observations flattened into one vector for the MLP (said once per process)."""
+    space = env.observation_space
+    try:
+        env = gym.wrappers.FlattenObservation(env)
+    except Exception as exc:  # noqa: BLE001 - Text, Graph, Sequence, ...: gymnasium cannot flatten them
+        env.close()
+        raise UnsupportedSpaceError(
+            f"--env-id {env_id!r} has observation space {space}, which fleetrl cannot flatten into a vector for its "
+            f"networks ({type(exc).__name__}: {exc}). Give the env a Box, Discrete, Dict or Tuple observation space."
+        ) from None
+    # once, from the training process: not from each env worker, nor from every rank under torchrun
+    if env_id not in _ANNOUNCED and multiprocessing.parent_process() is None and os.environ.get("RANK", "0") == "0":
+        _ANNOUNCED.add(env_id)
+        print(f"{env_id}: observation space {space} flattened to Box({env.observation_space.shape[0]},) for the network",
+              flush=True)
+    return env

@@ -4,13 +4,13 @@ How it works
 ------------
 * The parent allocates one shared-memory block (a ``RawArray``) holding every per-step array:
   observations, final observations, actions, rewards, terminated/truncated flags, the episode
-  statistics and their masks, reset seeds and a status byte per worker. Parent and workers map it as
+  statistics and their masks, reset seeds, and a status byte and a progress count per worker. Parent and workers map it as
   numpy views, so no sample data is ever pickled.
 * Envs are split into contiguous groups, one group per worker process. To step a group, the parent
   writes the actions into shared memory and one command byte into the worker's pipe. The worker
   steps its envs (same-step autoreset, as in :mod:`fleetrl.envs.vector`), writes the results straight
-  into the shared arrays and writes its 2-byte worker index into one result pipe shared by all
-  workers. A pipe write/read is a system call, so it also orders the memory accesses around it.
+  into the shared arrays and writes a 4-byte record (its index and generation) into one result pipe
+  shared by all workers. A pipe write/read is a system call, so it also orders the memory accesses around it.
 * Raw ``os.write``/``os.read`` on the pipes' file descriptors are used instead of
   ``Connection.send``/``recv``: measured here, a round trip costs ~7 us raw against ~25-35 us with
   pickled messages, and a single result pipe lets the parent wait for "any worker" with one read.
@@ -21,10 +21,23 @@ How it works
   first ``async_batch`` envs that are ready, so a slow env does not idle the others. Readiness is
   per worker (a worker finishing its group makes all its envs ready).
 * Hygiene: workers ignore SIGINT (the parent owns shutdown), poll their parent's liveness while idle,
-  and are closed by ``close()`` or a ``weakref.finalize`` (which also runs at exit). An exception in
-  an env, or a worker's death, reaches the caller as :class:`fleetrl.errors.EnvWorkerError` with the
-  worker's traceback; the parent waits with ``poll`` on the result pipe *and* on every worker's
-  process sentinel, so a death is seen at once, never as a hang.
+  and are closed by ``close()`` or a ``weakref.finalize`` (which also runs at exit). The parent waits
+  with ``poll`` on the result pipe *and* on every worker's process sentinel, with a deadline of
+  ``env_timeout`` seconds per command, so a death or a hang is seen, never waited out.
+* Failures: a worker whose env raises, that dies (SIGKILL, a segfault) or that hangs is restarted:
+  what is left of it is killed, a new process takes its slot (same shared memory, same env
+  functions, a new generation number that tells its reports from the old one's), and its envs are
+  reset with seeds derived from the run's seeds and the restart count. The command that met the
+  failure still returns, with the new reset observations: each of those envs' episodes ends there,
+  as truncated, with ``final_obs`` the last observation it returned, reward 0 and no episode
+  statistics. (An env the worker had finished stepping before the failure keeps that step's reward,
+  flags and statistics; its episode is cut after it.) A worker that dies while idle is restarted
+  when it is next sent a command, so results waiting for ``recv`` are never overwritten. Each
+  restart prints one warning line. Past ``max_restarts`` restarts, or when an env fails to build at
+  construction, the caller gets :class:`fleetrl.errors.EnvWorkerError` with the worker's traceback.
+  An env that raises a :class:`fleetrl.errors.FleetError` (the output checks do) is not restarted
+  either: it says the env is wrong, and the caller gets that error itself, as from the in-process
+  backends. Either way the vector env is closed.
 """
 
 from __future__ import annotations
@@ -41,11 +54,12 @@ import traceback
 import weakref
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import gymnasium as gym
 import numpy as np
 
+from fleetrl.envs.wrappers import set_env_index
 from fleetrl.errors import EnvWorkerError, FleetError
 
 # One-byte commands on a worker's pipe.
@@ -53,12 +67,19 @@ _STEP, _RESET, _CLOSE = b"s", b"r", b"c"
 # Status byte a worker leaves in shared memory before it reports on the result pipe.
 _OK, _FAILED = 0, 1
 
-_RECORD = 2  # bytes per result record: the worker index as a native uint16
+# A result record is a native uint32: the worker index in the low 16 bits, the worker's generation
+# (mod 2**16, one more per restart) in the high 16, so a replaced worker's late report is dropped.
+_RECORD = 4
 _READ_SIZE = 4096  # a multiple of _RECORD, so a read never splits a record
-_LIVENESS_POLL_MS = 1000  # a waiting parent re-checks every worker this often (sentinels catch most deaths at once)
 _ORPHAN_POLL_MS = 1000  # an idle worker checks this often that its parent still lives
 _CLOSE_GRACE_S = 2.0  # close(): time for workers to exit on their own before SIGTERM, then SIGKILL
 _ERROR_MESSAGE_WAIT_S = 5.0  # how long to wait for a failed worker's traceback
+_KILL_WAIT_S = 5.0  # a restart waits this long for a SIGKILLed worker to go (else close() reaps it)
+# A (re)started worker imports its env's modules and builds its envs (ROMs, simulators) before it
+# answers; env_timeout measures a step or reset, so the build gets at least this long.
+_MIN_BUILD_TIMEOUT_S = 30.0
+DEFAULT_MAX_RESTARTS = 10
+DEFAULT_ENV_TIMEOUT_S = 60.0
 # How long an idle worker spins for its next command before it sleeps. Measured on a 2-vCPU VM
 # (benchmarks/async_vector.py and variants): on an idle machine 100 us raised CartPole x8 (2 workers)
 # from ~30k to ~38k steps/s and left a 200 us-per-step env unchanged; a spinning parent gained
@@ -114,6 +135,9 @@ def _make_layout(
         ("seeds", (n,), np.dtype(np.int64)),
         ("seeded", (n,), np.dtype(np.bool_)),
         ("status", (num_workers,), np.dtype(np.int8)),
+        # envs of its group a worker has finished in the current step (the parent zeroes it per command):
+        # after a failure, says whose results stand
+        ("progress", (num_workers,), np.dtype(np.int64)),
     ]
     layout: Layout = {}
     offset = 0
@@ -149,6 +173,7 @@ def _limit_threads() -> None:
 
 def _worker_main(
     index: int,
+    generation: int,
     lo: int,
     payload: bytes,
     buffer: Any,
@@ -162,9 +187,11 @@ def _worker_main(
     spin_s: float,
 ) -> None:
     """Build envs ``lo .. lo+len(env_fns)-1``, then serve step/reset commands until told to close."""
-    # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group, and a worker
-    # dying mid-step would turn a clean stop into an EnvWorkerError.
+    # The parent owns shutdown: a Ctrl-C in the terminal, or Slurm's SIGTERM before a preemption, reaches the
+    # whole process group, and workers dying mid-step would turn the trainer's checkpoint-and-stop into restarts.
+    # A worker still exits when its parent dies (see ``parent_pid``).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _limit_threads()
     # forkserver children inherit the server's sys.path and cwd, not the parent's current ones; custom
     # env modules (``mymod:MyEnv-v0``) must import here exactly as they do in the parent.
@@ -174,15 +201,23 @@ def _worker_main(
     except OSError:
         pass
     cmd_fd, result_fd = cmd_conn.fileno(), result_conn.fileno()
-    record = index.to_bytes(_RECORD, sys.byteorder)
+    record = (index | (generation & 0xFFFF) << 16).to_bytes(_RECORD, sys.byteorder)
     views = _map_views(buffer, layout)
     status = views["status"]
-    original_ppid = os.getppid()
 
     def report_failure(env_index: int, phase: str) -> None:
         status[index] = _FAILED
+        # A FleetError (an output check, a space mismatch) says the env is wrong: the parent stops
+        # instead of restarting a worker that would fail the same way, and raises the error itself,
+        # pickled apart so that an unpicklable one still leaves the traceback.
+        exc, fleet_error = sys.exc_info()[1], None
+        if isinstance(exc, FleetError):
+            try:
+                fleet_error = pickle.dumps(exc)
+            except Exception:
+                fleet_error = b""
         try:
-            error_conn.send((env_index, phase, traceback.format_exc()))
+            error_conn.send((env_index, phase, traceback.format_exc(), fleet_error))
         except Exception:  # the parent is gone or closed the pipe; nothing more to tell
             pass
 
@@ -193,6 +228,7 @@ def _worker_main(
         _limit_threads()
         for i, env_fn in enumerate(env_fns, start=lo):
             env = env_fn()
+            set_env_index(env, i)  # the output check's errors say which env of the vector
             envs.append(env)
             if env.observation_space != obs_space or env.action_space != act_space:
                 raise FleetError(
@@ -209,7 +245,7 @@ def _worker_main(
     obs_buf, final_buf, act_buf = views["obs"], views["final_obs"], views["actions"]
     reward, terminated, truncated = views["reward"], views["terminated"], views["truncated"]
     final_mask, ep_r, ep_l, ep_mask = views["final_mask"], views["episode_r"], views["episode_l"], views["episode_mask"]
-    seeds, seeded = views["seeds"], views["seeded"]
+    seeds, seeded, progress = views["seeds"], views["seeded"], views["progress"]
     # act_buf[i] of a 1-D action array is a numpy scalar (a copy), as SyncVectorEnv passes it; an
     # array action must be copied, or an env keeping it would see the parent's next actions.
     scalar_actions = act_buf.ndim == 1
@@ -242,9 +278,10 @@ def _worker_main(
                 spin_pause -= 1
             if cmd is None:
                 # Idle: block on the command pipe, but wake now and then to notice an orphaning (a killed
-                # parent). forkserver workers are re-parented when the server exits with the parent.
+                # trainer). Not the parent process: that is the forkserver, which SIGTERM to the process group
+                # ends while the trainer lives on to checkpoint.
                 if not poller.poll(_ORPHAN_POLL_MS):
-                    if os.getppid() != original_ppid or not _pid_alive(parent_pid):
+                    if not _pid_alive(parent_pid):
                         break
                     continue
                 try:
@@ -253,7 +290,7 @@ def _worker_main(
                     continue
             if cmd == _CLOSE or not cmd:  # b"": the parent closed its end
                 break
-            if status[index] != _OK:  # a failed worker only waits to be closed
+            if status[index] != _OK:  # a failed worker only waits to be replaced or closed
                 os.write(result_fd, record)
                 continue
             try:
@@ -278,6 +315,7 @@ def _worker_main(
                             ep_mask[i] = False
                         obs_buf[i] = obs  # the one copy of the observation, straight into shared memory
                         reward[i], terminated[i], truncated[i] = rew, term, trunc
+                        progress[index] = i - lo + 1
                 elif cmd == _RESET:
                     phase = "reset"
                     for i, env in enumerate(envs, start=lo):
@@ -312,9 +350,17 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _shutdown_workers(
-    procs: list[mp.process.BaseProcess], cmd_conns: list[Connection], other_conns: list[Connection]
+    procs: list[mp.process.BaseProcess],
+    cmd_conns: list[Connection],
+    err_conns: list[Connection],
+    other_conns: list[Connection],
+    retired: list[mp.process.BaseProcess],
 ) -> None:
-    """Ask every worker to exit, then SIGTERM and SIGKILL the ones that do not; reap them, close the pipes."""
+    """Ask every worker to exit, then SIGTERM and SIGKILL the ones that do not; reap them, close the pipes.
+
+    The lists are the vector env's own, which a restart updates in place, so this always sees the
+    current workers; ``retired``: replaced workers that a SIGKILL had not ended yet.
+    """
     for proc, conn in zip(procs, cmd_conns):
         if proc.is_alive():
             try:
@@ -327,12 +373,12 @@ def _shutdown_workers(
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
-    for proc in procs:
+    for proc in procs + retired:
         proc.join(1.0)
         if proc.is_alive():
             proc.kill()
             proc.join()
-    for conn in cmd_conns + other_conns:
+    for conn in cmd_conns + err_conns + other_conns:
         try:
             conn.close()
         except OSError:
@@ -370,6 +416,11 @@ class SharedMemoryVectorEnv:
     observations are views of shared memory where possible, valid until those envs are sent again.
     ``spin_us``: how long an idle worker busy-waits for its next command before it sleeps (default:
     ``DEFAULT_SPIN_US`` when there are no more workers than CPUs, else 0).
+
+    ``max_restarts``: how many times, in all, workers whose env raised, that died or that hung may be
+    restarted before the next failure raises :class:`EnvWorkerError` (``worker_restarts`` counts
+    them). ``env_timeout``: seconds a worker may take for one step or reset of its envs before it
+    counts as hung (None or 0: wait forever); building them may take longer (at least 30 s).
     """
 
     def __init__(
@@ -381,6 +432,8 @@ class SharedMemoryVectorEnv:
         *,
         copy: bool = True,
         spin_us: float | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        env_timeout: float | None = DEFAULT_ENV_TIMEOUT_S,
     ):
         self._closed = True  # until the workers are up, close() has nothing to do
         env_fns = list(env_fns)
@@ -405,6 +458,14 @@ class SharedMemoryVectorEnv:
         if spin_us is None:
             spin_us = DEFAULT_SPIN_US if num_workers <= (os.cpu_count() or 1) else 0.0
         self.spin_us = float(spin_us)
+        if max_restarts < 0:
+            raise FleetError(f"max_restarts={max_restarts} must be 0 (never restart a worker) or more.")
+        self.max_restarts = int(max_restarts)
+        self.worker_restarts = 0  # workers restarted so far, all of them together
+        if env_timeout is not None and env_timeout < 0:
+            raise FleetError(f"env_timeout={env_timeout} must be a number of seconds, or 0 or None to wait forever.")
+        self.env_timeout = float(env_timeout) if env_timeout else None
+        self._build_timeout = max(self.env_timeout, _MIN_BUILD_TIMEOUT_S) if self.env_timeout else None
         self._env_names = [str(getattr(fn, "env_id", None) or repr(fn)) for fn in env_fns]
 
         # Spaces come from one env built here, as gymnasium's AsyncVectorEnv does: the shared block
@@ -426,25 +487,21 @@ class SharedMemoryVectorEnv:
         self._group_size = sizes
         self._env_worker = np.repeat(np.arange(num_workers), sizes)
 
-        ctx = mp.get_context(self.start_method)
+        self._ctx = ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            ctx.set_forkserver_preload(["fleetrl.envs.forkserver_init"])  # the server outlives a SIGTERM to the group
+        self._layout = layout
         self._buffer = ctx.RawArray(ctypes.c_uint8, nbytes)
         self._views = _map_views(self._buffer, layout)
         self._status = self._views["status"]
+        self._progress = self._views["progress"]
         self._env_ids_all = np.arange(n, dtype=np.int64)
-
-        result_r, result_w = ctx.Pipe(duplex=False)
-        cmd_pipes = [ctx.Pipe(duplex=False) for _ in range(num_workers)]
-        err_pipes = [ctx.Pipe(duplex=False) for _ in range(num_workers)]
-        self._cmd_fds = [w.fileno() for _, w in cmd_pipes]
-        self._err_conns = [r for r, _ in err_pipes]
-        self._result_conn = result_r
-        self._result_fd = result_r.fileno()
-        os.set_blocking(self._result_fd, False)  # try a read first; poll only when nothing is there
+        self._seed_base: np.ndarray | None = None  # each env's seed at the last reset(seed), for restarts
 
         # The env functions travel pickled as bytes, unpickled by the worker once it has the parent's
-        # sys.path: unpickling may import the env's module.
+        # sys.path: unpickling may import the env's module. Kept, to start a replacement worker.
         try:
-            payloads = [
+            self._payloads = [
                 pickle.dumps((env_fns[lo:hi], self.single_observation_space, self.single_action_space))
                 for lo, hi in self._bounds
             ]
@@ -453,49 +510,46 @@ class SharedMemoryVectorEnv:
                 f"SharedMemoryVectorEnv sends the env functions to worker processes, so they must be "
                 f"picklable (module-level functions or classes such as EnvFactory, not lambdas): {exc}"
             ) from None
+        self._sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+        self._cwd = os.getcwd()
 
-        sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
-        self._procs: list[mp.process.BaseProcess] = []
-        saved_env = {var: os.environ.get(var) for var in _THREAD_VARS}
-        # A spawned (or freshly started forkserver) child takes os.environ at start: set the thread
-        # limits there so numpy/torch see them at import, before the worker function runs.
-        os.environ.update({var: "1" for var in _THREAD_VARS})
-        started = False
-        try:
-            for w, (lo, _) in enumerate(self._bounds):
-                proc = ctx.Process(
-                    target=_worker_main,
-                    name=f"fleetrl-env-worker-{w}",
-                    args=(w, lo, payloads[w], self._buffer, layout, cmd_pipes[w][0], result_w, err_pipes[w][1],
-                          sys_path, os.getcwd(), os.getpid(), self.spin_us * 1e-6),
-                    daemon=True,  # belt and braces: multiprocessing terminates daemons at a normal exit
-                )
-                proc.start()
-                self._procs.append(proc)
-            started = True
-        finally:
-            for var, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(var, None)
-                else:
-                    os.environ[var] = value
-            # The parent keeps the write ends of the command pipes and the read ends of the others only.
-            self._finalizer = weakref.finalize(
-                self, _shutdown_workers, self._procs, [w for _, w in cmd_pipes], self._err_conns + [result_r]
-            )
-            for conn in [r for r, _ in cmd_pipes] + [w for _, w in err_pipes] + [result_w]:
-                conn.close()
-            if not started:  # stop the workers that did start
-                self._finalizer()
-        self._closed = False
-
+        # One result pipe for all workers. The parent keeps its write end too, for workers it starts
+        # later (restarts); deaths are seen on the process sentinels, not as end-of-file here.
+        self._result_conn, self._result_w = ctx.Pipe(duplex=False)
+        self._result_fd = self._result_conn.fileno()
+        os.set_blocking(self._result_fd, False)  # try a read first; poll only when nothing is there
         self._poller = select.poll()
         self._poller.register(self._result_fd, select.POLLIN)
-        for proc in self._procs:  # a process sentinel becomes readable when the process exits
-            self._poller.register(proc.sentinel, select.POLLIN)
+
+        # Per-worker state, indexed by worker; a restart replaces entries in place (the finalizer holds
+        # these very lists).
+        self._procs: list[mp.process.BaseProcess] = []
+        self._cmd_conns: list[Connection] = []  # the parent's write end of each command pipe
+        self._err_conns: list[Connection] = []  # the parent's read end of each traceback pipe
+        self._cmd_fds: list[int] = []
+        self._retired: list[mp.process.BaseProcess] = []
+        self._sentinel_of: dict[int, int] = {}  # process sentinel fd -> worker
+        self._generation = [0] * num_workers
+        self._restarts_of = [0] * num_workers  # per worker: it derives the restarted envs' seeds
+        # None: serving. "start": building its envs at construction (a failure raises). "build" and
+        # "reset": a restarted worker building, then resetting its envs (a failure restarts it again).
+        self._phase: list[str | None] = ["start"] * num_workers
+        self._cmd_of: list[bytes | None] = [None] * num_workers  # the command in flight (or met a failure)
+        self._deadline = [float("inf")] * num_workers  # time.monotonic() by which the worker must report
+        self._died_idle: list[tuple[str, str] | None] = [None] * num_workers  # restart at the next command
+        self._kept: list[tuple[np.ndarray, ...] | None] = [None] * num_workers  # see _keep_finished_step
         self._in_flight = [True] * num_workers  # each worker reports once its envs are built
         self._ready: deque[int] = deque()
+        self._finalizer = weakref.finalize(
+            self, _shutdown_workers, self._procs, self._cmd_conns, self._err_conns,
+            [self._result_conn, self._result_w], self._retired,
+        )
+        self._closed = False
         try:
+            for w in range(num_workers):
+                self._start_worker(w)
+                if self._build_timeout:
+                    self._deadline[w] = time.monotonic() + self._build_timeout
             self._collect(n)
         except BaseException:  # a failed build raised EnvWorkerError (and closed); Ctrl-C must close too
             self.close()
@@ -545,8 +599,10 @@ class SharedMemoryVectorEnv:
         self._drain()
         if seed is None:
             self._views["seeded"][:] = False
+            self._seed_base = None
         else:
-            self._views["seeds"][:] = seed + self._env_ids_all
+            self._seed_base = seed + self._env_ids_all
+            self._views["seeds"][:] = self._seed_base
             self._views["seeded"][:] = True
         for w in range(self.num_workers):
             self._command(w, _RESET)
@@ -608,7 +664,7 @@ class SharedMemoryVectorEnv:
 
     @property
     def worker_pids(self) -> list[int | None]:
-        """The process id of each worker (for monitoring and tests)."""
+        """The process id of each worker (for monitoring and tests); a restarted worker has a new one."""
         return [p.pid for p in self._procs]
 
     def __repr__(self) -> str:
@@ -641,7 +697,7 @@ class SharedMemoryVectorEnv:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise FleetError("This SharedMemoryVectorEnv is closed (after close() or a worker failure).")
+            raise FleetError("This SharedMemoryVectorEnv is closed (after close() or an EnvWorkerError).")
 
     def _workers_of(self, ids: np.ndarray) -> list[int]:
         """The workers that ``ids`` names, checking it covers each of their groups exactly once."""
@@ -670,11 +726,18 @@ class SharedMemoryVectorEnv:
         buf[ids] = actions
 
     def _command(self, worker: int, cmd: bytes) -> None:
+        self._in_flight[worker] = True
+        self._cmd_of[worker] = cmd
+        self._progress[worker] = 0
+        if self.env_timeout:
+            self._deadline[worker] = time.monotonic() + self.env_timeout
+        if self._died_idle[worker] is not None:  # it died since its last report: restart it for this command
+            self._restart(worker, *self._died_idle[worker])
+            return
         try:
             os.write(self._cmd_fds[worker], cmd)
-        except OSError:  # nobody reads the pipe any more: the worker is gone
-            self._raise_if_dead(force_worker=worker)
-        self._in_flight[worker] = True
+        except OSError:  # nobody reads the pipe: the worker died, and its sentinel will say so
+            pass
 
     def _drain(self) -> None:
         """Wait out every command in flight and drop unreturned results (before a reset)."""
@@ -703,74 +766,271 @@ class SharedMemoryVectorEnv:
             self._ready.remove(w)
         return sorted(workers)
 
+    # ---- waiting, and what a failure leads to ------------------------------------------------------
+
     def _wait_for_results(self) -> None:
-        """Block until at least one worker reports; raise EnvWorkerError on a failure or a death."""
-        while True:
-            try:
-                data = os.read(self._result_fd, _READ_SIZE)
-            except BlockingIOError:
-                data = None
-            if data:
-                failed = None
-                for w in memoryview(data).cast("H").tolist():
-                    self._in_flight[w] = False
-                    if self._status[w] != _OK and failed is None:
-                        failed = w
-                    self._ready.append(w)
-                if failed is not None:
-                    self._raise_worker_failure(failed)
-                return
-            if data == b"":  # end of file: every worker closed its end, so they are all gone
-                self._raise_if_dead()
-                time.sleep(0.01)
-                continue
-            events = self._poller.poll(_LIVENESS_POLL_MS)
-            if not events or any(fd != self._result_fd for fd, _ in events):
-                self._raise_if_dead()
+        """Block until one more worker is ready, restarting those that fail, die or pass their deadline."""
+        before = len(self._ready)
+        while len(self._ready) == before:
+            events = [] if self._read_results() else self._poller.poll(self._poll_timeout_ms())
+            dead = [(w, fd) for fd, _ in events if (w := self._sentinel_of.get(fd)) is not None]
+            if dead:
+                self._read_results()  # a worker may report and then die: take its report first
+            for w, fd in dead:
+                if self._procs[w].sentinel == fd:  # not replaced meanwhile
+                    self._worker_died(w)
+            if self.env_timeout or self._build_timeout:
+                now = time.monotonic()
+                for w, deadline in enumerate(self._deadline):
+                    if deadline <= now:
+                        self._worker_hung(w)
 
-    def _raise_if_dead(self, force_worker: int | None = None) -> None:
-        for w, proc in enumerate(self._procs):
-            if proc.is_alive() and w != force_worker:
-                continue
-            # A worker that reported a failure and then died: its traceback is the better message.
-            # (Its status byte says so; a dead worker's error pipe always polls readable, at EOF.)
-            if self._status[w] != _OK:
-                self._raise_worker_failure(w)
-            lo, hi = self._bounds[w]
-            proc.join(0.1)
-            code = proc.exitcode
-            how = f"exit code {code}"
-            if code is not None and code < 0:
-                try:
-                    how += f" (killed by {signal.Signals(-code).name})"
-                except ValueError:
-                    pass
-            err = EnvWorkerError(
-                f"Env worker {w} (pid {proc.pid}, envs {lo}..{hi - 1}, {self._env_names[lo]!r}) died "
-                f"unexpectedly with {how}. It was killed, ran out of memory or crashed in native code. "
-                f"The vector env is closed.",
-                env_index=lo,
-                worker_index=w,
-            )
-            self.close()
-            raise err
+    def _read_results(self) -> bool:
+        """Take the reports waiting on the result pipe; False when there were none."""
+        try:
+            data = os.read(self._result_fd, _READ_SIZE)
+        except BlockingIOError:
+            return False
+        for record in memoryview(data).cast("I").tolist():
+            w = record & 0xFFFF
+            if (record >> 16) == (self._generation[w] & 0xFFFF):  # else from a worker since replaced
+                self._on_report(w)
+        return bool(data)  # (never end-of-file: the parent holds a write end)
 
-    def _raise_worker_failure(self, w: int) -> None:
+    def _poll_timeout_ms(self) -> int | None:
+        deadline = min(self._deadline)
+        if deadline == float("inf"):
+            return None  # sentinels report deaths; nothing else to watch for
+        return max(0, int((deadline - time.monotonic()) * 1000) + 1)
+
+    def _on_report(self, w: int) -> None:
+        """Worker ``w`` finished its command (or its build): queue it as ready, or go on with its restart."""
+        if self._status[w] != _OK:
+            self._worker_failed(w)
+            return
+        if self._phase[w] == "build":  # a restarted worker has built its envs: reset them
+            self._reset_restarted(w)
+            return
+        if self._phase[w] == "reset" and self._cmd_of[w] == _STEP:
+            self._cut_episodes(w)
+        self._phase[w] = None
+        self._in_flight[w] = False
+        self._deadline[w] = float("inf")
+        self._ready.append(w)
+
+    def _worker_failed(self, w: int) -> None:
+        """Worker ``w`` reported that an env raised: restart it, or stop if restarting cannot help."""
         lo, _ = self._bounds[w]
-        env_index, phase, tb = lo, "step", "(the worker sent no traceback)"
+        env_index, phase, tb, fleet_error = lo, "step", "(the worker sent no traceback)", None
         try:
             if self._err_conns[w].poll(_ERROR_MESSAGE_WAIT_S):
-                env_index, phase, tb = self._err_conns[w].recv()
+                env_index, phase, tb, fleet_error = self._err_conns[w].recv()
         except (EOFError, OSError):
             pass
-        err = EnvWorkerError(
-            f"Env {env_index} ({self._env_names[env_index]!r}) in env worker {w} (pid {self._procs[w].pid}) "
-            f"raised during {phase}. The vector env is closed. The worker's traceback:\n{tb.rstrip()}",
-            env_index=env_index,
-            worker_index=w,
-        )
+        tb = tb.rstrip()
+        if fleet_error:  # the env's own FleetError: raised as it is, as the in-process backends raise it
+            try:
+                err = pickle.loads(fleet_error)
+            except Exception:
+                err = None
+            if isinstance(err, FleetError):
+                if getattr(err, "env_index", 0) is None:
+                    err.env_index = env_index
+                self.close()
+                raise err
+        what = (f"Env {env_index} ({self._env_names[env_index]!r}) in env worker {w} (pid {self._procs[w].pid}) "
+                f"raised during {phase}")
+        if fleet_error is not None or self._phase[w] == "start":
+            self._fail(f"{what}. The vector env is closed. The worker's traceback:\n{tb}", env_index, w)
+        last_line = tb.splitlines()[-1] if tb else "?"
+        self._restart(w, f"env {env_index} raised during {phase}: {last_line}", what, tb, env_index)
+
+    def _worker_died(self, w: int) -> None:
+        """Worker ``w``'s process ended: restart it now if it owes a report, else at its next command."""
+        if self._status[w] != _OK:  # it reported a failure, then died: its traceback is the better message
+            self._worker_failed(w)
+            return
+        proc = self._procs[w]
+        proc.join(0.1)
+        code = proc.exitcode
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            try:
+                how = f"signal {-code}, {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"signal {-code}"
+        lo, hi = self._bounds[w]
+        what = (f"Env worker {w} (pid {proc.pid}, envs {lo}..{hi - 1}, {self._env_names[lo]!r}) died unexpectedly "
+                f"({how}). It was killed, ran out of memory or crashed in native code")
+        if self._phase[w] == "start":
+            self._fail(f"{what}. The vector env is closed.", lo, w)
+        if not self._in_flight[w]:
+            # Its envs' last results may still wait for recv(), in shared memory; a restart now would
+            # overwrite them. Stop watching it, and restart it when it is sent its next command.
+            self._unwatch(w)
+            self._died_idle[w] = (f"worker process died ({how})", what)
+            return
+        self._restart(w, f"worker process died ({how})", what)
+
+    def _worker_hung(self, w: int) -> None:
+        timeout = self._build_timeout if self._phase[w] in ("start", "build") else self.env_timeout
+        lo, hi = self._bounds[w]
+        building = self._phase[w] in ("start", "build")
+        what = (f"Env worker {w} (pid {self._procs[w].pid}, envs {lo}..{hi - 1}, {self._env_names[lo]!r}) gave no "
+                f"answer within {timeout:g} s " + ("(the time allowed to build envs), so an env hangs in construction"
+                                                   if building else "(env_timeout), so an env hangs in step or reset"))
+        if self._phase[w] == "start":
+            self._fail(f"{what}. The vector env is closed.", lo, w)
+        self._restart(w, f"no answer within {timeout:g} s", what)
+
+    def _restart(self, w: int, cause: str, what: str, tb: str | None = None, env_index: int | None = None) -> None:
+        """Replace worker ``w`` by a new process; it builds and resets its envs, then its command returns.
+
+        ``cause``: one line for the warning; ``what``: the sentence that opens the error should the
+        limit be reached; ``tb``: the worker's traceback, if it sent one.
+        """
+        lo, hi = self._bounds[w]
+        env_index = lo if env_index is None else env_index
+        if self.worker_restarts >= self.max_restarts:
+            self._fail(
+                f"{what}. Env workers of this vector env were restarted {self.worker_restarts} times already, "
+                f"and max_restarts={self.max_restarts} allows no more: fix the env, or, if it only fails "
+                f"now and then, allow more restarts with --max-env-restarts. The vector env is closed."
+                + (f" The worker's traceback:\n{tb}" if tb else ""),
+                env_index, w,
+            )
+        if self._phase[w] is None and self._cmd_of[w] == _STEP:  # (a failing restart keeps the first failure's)
+            self._keep_finished_step(w)
+        self.worker_restarts += 1
+        self._restarts_of[w] += 1
+        print(f"fleetrl: warning: restarting env worker {w} (envs {lo}..{hi - 1}, {self._env_names[lo]!r}; "
+              f"restart {self.worker_restarts} of at most {self.max_restarts}): {cause}", file=sys.stderr, flush=True)
+        self._stop_worker(w, polite=tb is not None)
+        self._generation[w] += 1
+        self._died_idle[w] = None
+        self._start_worker(w)
+        self._phase[w] = "build"
+        self._in_flight[w] = True
+        if self._build_timeout:
+            self._deadline[w] = time.monotonic() + self._build_timeout
+
+    def _reset_restarted(self, w: int) -> None:
+        """Reset a restarted worker's envs, seeded from the run's seeds and this worker's restart count."""
+        lo, hi = self._bounds[w]
+        seeds, seeded = self._views["seeds"], self._views["seeded"]
+        if self._seed_base is None:
+            seeded[lo:hi] = False
+        else:  # distinct from every seed+i of the run and from earlier restarts, yet reproducible
+            seeds[lo:hi] = [int(np.random.SeedSequence(int(s), spawn_key=(self._restarts_of[w],)).generate_state(1)[0])
+                            for s in self._seed_base[lo:hi]]
+            seeded[lo:hi] = True
+        self._phase[w] = "reset"
+        if self.env_timeout:
+            self._deadline[w] = time.monotonic() + self.env_timeout
+        try:
+            os.write(self._cmd_fds[w], _RESET)
+        except OSError:  # it died already; its sentinel will say so
+            pass
+
+    def _keep_finished_step(self, w: int) -> None:
+        """Before the restart's reset overwrites them, keep what worker ``w``'s envs returned from the failed step.
+
+        Envs that finished the step keep its result; the others (the one that failed, those after it,
+        all of them if the worker died or hung) never returned from it. Every env's episode then ends
+        on the last observation it returned: the terminal one if it ended in this step, else its obs.
+        """
+        lo, hi = self._bounds[w]
+        v = self._views
+        finished = np.arange(hi - lo) < int(v["progress"][w])
+        ended = finished & v["final_mask"][lo:hi]
+        self._kept[w] = (finished, ended, v["reward"][lo:hi].copy(), v["terminated"][lo:hi].copy(),
+                         v["truncated"][lo:hi].copy(), v["episode_mask"][lo:hi].copy())
+        v["final_obs"][lo:hi][~ended] = v["obs"][lo:hi][~ended]
+
+    def _cut_episodes(self, w: int) -> None:
+        """After a restart's reset: the failed step returns, each env's episode ended there (as truncated
+        unless it ended in the step anyway), reward 0 and no episode statistics for those that did not
+        finish it, and the reset observations."""
+        finished, ended, reward, terminated, truncated, has_stats = self._kept[w]
+        sl = slice(*self._bounds[w])
+        v = self._views
+        v["reward"][sl] = np.where(finished, reward, 0.0)
+        v["terminated"][sl] = terminated & ended
+        v["truncated"][sl] = np.where(ended, truncated, True)
+        v["final_mask"][sl] = True
+        v["episode_mask"][sl] = has_stats & ended
+
+    def _fail(self, message: str, env_index: int, w: int) -> NoReturn:
+        err = EnvWorkerError(message, env_index=env_index, worker_index=w)
         self.close()
         raise err
+
+    # ---- worker processes --------------------------------------------------------------------------
+
+    def _start_worker(self, w: int) -> None:
+        """Start a process for worker slot ``w`` on new pipes; it reports once its envs are built."""
+        ctx = self._ctx
+        cmd_r, cmd_w = ctx.Pipe(duplex=False)
+        err_r, err_w = ctx.Pipe(duplex=False)
+        self._status[w] = _OK
+        saved_env = {var: os.environ.get(var) for var in _THREAD_VARS}
+        # A spawned (or freshly started forkserver) child takes os.environ at start: set the thread
+        # limits there so numpy/torch see them at import, before the worker function runs.
+        os.environ.update({var: "1" for var in _THREAD_VARS})
+        try:
+            proc = ctx.Process(
+                target=_worker_main,
+                name=f"fleetrl-env-worker-{w}",
+                args=(w, self._generation[w], self._bounds[w][0], self._payloads[w], self._buffer, self._layout,
+                      cmd_r, self._result_w, err_w, self._sys_path, self._cwd, os.getpid(), self.spin_us * 1e-6),
+                daemon=True,  # belt and braces: multiprocessing terminates daemons at a normal exit
+            )
+            proc.start()
+        except BaseException:
+            for conn in (cmd_r, cmd_w, err_r, err_w):
+                conn.close()
+            raise
+        finally:
+            for var, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+        # The parent keeps the write end of the command pipe and the read end of the traceback pipe only.
+        cmd_r.close()
+        err_w.close()
+        if w < len(self._procs):
+            self._procs[w], self._cmd_conns[w], self._err_conns[w], self._cmd_fds[w] = proc, cmd_w, err_r, cmd_w.fileno()
+        else:
+            self._procs.append(proc)
+            self._cmd_conns.append(cmd_w)
+            self._err_conns.append(err_r)
+            self._cmd_fds.append(cmd_w.fileno())
+        self._poller.register(proc.sentinel, select.POLLIN)  # readable once the process exits
+        self._sentinel_of[proc.sentinel] = w
+
+    def _unwatch(self, w: int) -> None:
+        sentinel = self._procs[w].sentinel
+        if self._sentinel_of.pop(sentinel, None) is not None:
+            self._poller.unregister(sentinel)
+
+    def _stop_worker(self, w: int, polite: bool) -> None:
+        """End worker ``w``'s process: a live one whose env raised may close its envs first; else SIGKILL."""
+        proc = self._procs[w]
+        self._unwatch(w)
+        if polite and proc.is_alive():
+            try:
+                os.write(self._cmd_fds[w], _CLOSE)
+            except OSError:
+                pass
+            proc.join(_CLOSE_GRACE_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(_KILL_WAIT_S)
+        if proc.is_alive():  # stuck in the kernel: close() reaps it
+            self._retired.append(proc)
+        self._cmd_conns[w].close()
+        self._err_conns[w].close()
 
     def _gather(self, workers: list[int]) -> RecvResult:
         """Copy the results of ``workers``' envs out of shared memory, indexed by position in env_ids."""

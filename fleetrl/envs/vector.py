@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
+from fleetrl.envs.wrappers import set_env_index
 from fleetrl.errors import FleetError
 
 
@@ -58,9 +59,15 @@ class SyncVectorEnv:
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]):
         self.envs = [fn() for fn in env_fns]
+        for i, env in enumerate(self.envs):
+            set_env_index(env, i)  # named in the env's error messages
         self.num_envs = len(self.envs)
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
+        if self.single_observation_space.shape is None:  # Dict, Tuple, ...
+            self.close()
+            raise FleetError(f"SyncVectorEnv stores observations in one array, and the env gives {self.single_observation_space}; "
+                             f"build the envs with fleetrl.envs.EnvFactory, which flattens Dict and Tuple observations.")
         self._obs_shape = (self.num_envs, *self.single_observation_space.shape)
         self._obs_dtype = self.single_observation_space.dtype
         self._sent: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (env ids, actions) not yet received
@@ -138,6 +145,8 @@ class GymSyncVectorEnv:
         self.single_observation_space = self._envs.single_observation_space
         self.single_action_space = self._envs.single_action_space
         self.envs = self._envs.envs  # the sub-envs, for video capture and tests
+        for i, env in enumerate(self.envs):
+            set_env_index(env, i)
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         obs, _ = self._envs.reset(seed=seed)

@@ -1,8 +1,14 @@
-"""Single-env wrappers shared by every family: episode statistics that survive training-only changes."""
+"""Single-env wrappers shared by every family: episode statistics that survive training-only changes, and the
+check that stops a run with a clear message when an env returns what the learner cannot use."""
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
+import numpy as np
+
+from fleetrl.errors import EnvOutputError
 
 
 class EpisodeStats(gym.Wrapper):
@@ -30,3 +36,75 @@ class EpisodeStats(gym.Wrapper):
             info = dict(info)
             info["episode"] = {"r": self._return, "l": self._length}
         return obs, reward, terminated, truncated, info
+
+
+class CheckOutputs(gym.Wrapper):
+    """Stops the run with an :class:`fleetrl.errors.EnvOutputError` when the env returns an observation of
+    another shape than its observation space says, or a NaN or inf observation or reward.
+
+    One NaN would poison the network (a NaN loss many updates later, far from its cause), so the error
+    names the env id, its index in the vector (set by the vector, :func:`set_env_index`) and the step.
+    It costs about 2 us a step (CartPole's own step about 10): a shape compare, one dot product of a float
+    observation with itself (non-finite when a value is; integer and bool observations cannot be NaN) and
+    one scalar test of the reward. Only when a test fails does it look closer, to say what is wrong.
+    """
+
+    def __init__(self, env: gym.Env, env_id: str, env_index: int | None = None):
+        super().__init__(env)
+        self.env_id, self.env_index = env_id, env_index
+        self._shape = env.observation_space.shape
+        self._vector = len(self._shape) == 1
+        self.steps = 0  # since the env was made
+        self.episode = 0  # episodes begun (resets)
+        self.episode_step = 0
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.episode += 1
+        self.episode_step = 0
+        return self._inspect(obs, 0.0, "reset"), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        self.episode_step += 1
+        # obs . obs is NaN or inf when a value is (or, rarely, when it overflows: then _inspect looks closer);
+        # for a small vector it costs half a sum (0.6 us)
+        if (type(obs) is not np.ndarray or obs.shape != self._shape or not math.isfinite(reward)
+                or (obs.dtype.kind == "f" and not math.isfinite(obs.dot(obs) if self._vector else np.add.reduce(obs, None)))):
+            obs = self._inspect(obs, reward, "step")
+        return obs, reward, terminated, truncated, info
+
+    def _inspect(self, obs, reward, phase: str) -> np.ndarray:
+        """Raise the error that says what is wrong; else (a sum that overflowed, a list) the observation as an array."""
+        obs = np.asarray(obs)
+        if obs.shape != self._shape:
+            self._fail(f"an observation of shape {obs.shape}", phase,
+                       f", but its observation space {self.observation_space} says {self._shape}")
+        if not np.isfinite(np.asarray(reward, np.float64)).all():
+            self._fail(f"a non-finite reward ({reward})", phase)
+        if obs.dtype.kind in "fc" and not np.isfinite(obs).all():
+            first = tuple(int(i) for i in np.argwhere(~np.isfinite(obs))[0])
+            self._fail(f"a non-finite observation ({int(np.isnan(obs).sum())} NaN and "
+                       f"{int(np.isinf(obs).sum())} inf of its {obs.size} values; the first, {obs[first]}, "
+                       f"at index {list(first)})", phase)
+        return obs
+
+    def _fail(self, what: str, phase: str, why: str = ""):
+        index = f" (env {self.env_index} of the vector)" if self.env_index is not None else ""
+        when = (f"at reset (the start of its episode {self.episode})" if phase == "reset" else
+                f"at step {self.episode_step} of its episode {self.episode} (its step {self.steps} since it was made)")
+        raise EnvOutputError(
+            f"Env {self.env_id!r}{index} returned {what} {when}{why}. fleetrl stops here, since one NaN or inf, or a wrong shape, "
+            f"would break the network; the fix is in the env (its step/reset code or its observation space).",
+            env_index=self.env_index,
+        )
+
+
+def set_env_index(env: gym.Env, index: int) -> None:
+    """Tell ``env``'s :class:`CheckOutputs` (if it has one) its index in the vector, for its error messages."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, CheckOutputs):
+            env.env_index = index
+            return
+        env = env.env

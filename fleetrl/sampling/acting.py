@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fleetrl.nets import network_input
+
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0.0)}
 
@@ -76,8 +78,7 @@ class TorchActor(_Sampling):
         self._staging: dict = {}  # pinned host buffers by (shape, dtype), CUDA only
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
-        # uint8 images travel as bytes (the network scales them); any other observation as float32
-        x = torch.as_tensor(obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False))
+        x = torch.as_tensor(network_input(obs))  # uint8 images travel as bytes (the CNN scales them), the rest as float32
         if self.device.type != "cuda":
             return x.to(self.device)
         # through pinned host memory the copy is a DMA that does not block the host; the result's copy back

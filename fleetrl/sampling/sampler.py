@@ -36,6 +36,7 @@ from torch import nn
 from fleetrl.envs import episode_stats
 from fleetrl.errors import FleetError
 from fleetrl.monitor.timing import PhaseTimer
+from fleetrl.nets import network_obs_dtype
 from fleetrl.sampling.acting import make_actor
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
 from fleetrl.sampling.rollout import RolloutBuffer
@@ -114,7 +115,7 @@ class Sampler:
 
         # storage: one rollout buffer, or two that the sampler thread and the learner take turns with
         obs_space, act_space = envs.single_observation_space, envs.single_action_space
-        obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32  # images stay compact
+        obs_dtype = network_obs_dtype(obs_space.shape, obs_space.dtype)  # uint8 images stay compact; vectors are float32
         first_ready = self.mode == "first-ready"
         rows, cols = (self.num_envs * num_steps // self.async_batch, self.async_batch) if first_ready else (num_steps, self.num_envs)
         self._buffers = [RolloutBuffer(rows, cols, obs_space.shape, obs_dtype, act_space.shape, act_space.dtype,
@@ -237,7 +238,7 @@ class Sampler:
         agent = copy.deepcopy(self.agent).to(device)
         actor = make_actor(agent, device, seed=0)
         space = self.envs.single_observation_space
-        obs = np.zeros((batch, *space.shape), np.uint8 if space.dtype == np.uint8 else np.float32)
+        obs = np.zeros((batch, *space.shape), network_obs_dtype(space.shape, space.dtype))
         times = []
         with _torch_threads(self.acting_threads):  # as acting will run
             for _ in range(3 + ACTOR_PROBE_CALLS):

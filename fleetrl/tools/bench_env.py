@@ -21,7 +21,8 @@ import gymnasium as gym
 import numpy as np
 import psutil
 
-from fleetrl.envs import env_family, make_vector_env
+from fleetrl import config
+from fleetrl.envs import BACKENDS, env_family, make_vector_env
 from fleetrl.envs.atari import FRAME_SKIP
 from fleetrl.errors import FleetError
 
@@ -143,15 +144,16 @@ def measure(env_id: str, backend: str, num_envs: int, seconds: float, async_batc
         envs.close()
 
 
+RANGES = {
+    "seconds": config.positive("stepping time per measurement, in seconds"),
+    "repeats": config.count("measurements per combination"),
+    "async_batch": config.count("envs returned per step", optional=True, hint="Leave it out to step every env each time."),
+}
+
+
 def bench_env(args: BenchEnvArgs, quiet: bool = False) -> dict:
+    backends, counts = check_args(args)
     family = env_family(args.env_id)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    try:
-        counts = [int(n) for n in args.num_envs.split(",") if n.strip()]
-    except ValueError:
-        raise FleetError(f"--num-envs takes comma-separated integers, e.g. 8,16,32; got {args.num_envs!r}.") from None
-    if not counts or min(counts) <= 0 or args.seconds <= 0 or args.repeats <= 0:
-        raise FleetError("--num-envs, --seconds and --repeats must be positive.")
     frames = FRAME_SKIP if family.name == "atari" else 1
     results: list[Measurement] = []
     skipped: dict[str, str] = {}
@@ -186,6 +188,26 @@ def bench_env(args: BenchEnvArgs, quiet: bool = False) -> dict:
     elif not quiet:
         _print_table(report, frames)
     return report
+
+
+def check_args(args: BenchEnvArgs) -> tuple[list[str], list[int]]:
+    """The backends and numbers of envs to measure; refuses what cannot run, before anything is measured."""
+    config.check_ranges(args, RANGES)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in BACKENDS]
+    if not backends or unknown:
+        raise FleetError(f"--backends takes comma-separated backends from: {', '.join(BACKENDS)}; got {args.backends!r}"
+                         f"{' (unknown: ' + ', '.join(unknown) + ')' if unknown else ''}. Example: --backends sync,async")
+    try:
+        counts = [int(n) for n in args.num_envs.split(",") if n.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise FleetError(f"--num-envs takes comma-separated whole numbers of at least 1, e.g. 8,16,32; got {args.num_envs!r}.")
+    if args.async_batch is not None and any(n % args.async_batch for n in counts):
+        raise FleetError(f"--async-batch {args.async_batch} must divide every --num-envs ({args.num_envs}): each step returns that many "
+                         f"of the envs. Choose a common divisor, or leave it out.")
+    return backends, counts
 
 
 def _print_table(report: dict, frames: int) -> None:

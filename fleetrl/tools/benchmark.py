@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fleetrl import config
 from fleetrl.errors import FleetError
 
 RETURN_TAG = "charts/episodic_return"
@@ -192,12 +193,24 @@ def describe_exit(returncode: int) -> str:
 # ---- running the grid ---------------------------------------------------------------------------
 
 
+MAX_SEEDS = 10_000  # per env id: more is a typo, and would only fill the memory with the plan
+RANGES = {
+    "num_seeds": config.count("seeds per env id", high=MAX_SEEDS),
+    "start_seed": config.SEED,
+    "workers": config.count("runs at the same time"),
+    "slurm_cpus_per_task": config.count("CPU cores each Slurm array task asks for"),
+}
+
+
 def plan(args: BenchmarkArgs) -> list[Run]:
-    if not args.env_ids:
-        raise FleetError("--env-ids needs at least one env id, e.g. --env-ids CartPole-v1 Acrobot-v1")
-    for name, value in (("num-seeds", args.num_seeds), ("workers", args.workers), ("slurm-cpus-per-task", args.slurm_cpus_per_task)):
-        if value < 1:
-            raise FleetError(f"--{name} must be at least 1, got {value}.")
+    if not args.env_ids or not all(env_id.strip() for env_id in args.env_ids):
+        raise FleetError(f"--env-ids needs one or more env ids, none empty, e.g. --env-ids CartPole-v1 Acrobot-v1; got {args.env_ids!r}.")
+    config.check_ranges(args, RANGES)
+    if args.start_seed + args.num_seeds - 1 > config.SEED.high:
+        raise FleetError(f"--start-seed {args.start_seed} with --num-seeds {args.num_seeds} runs seeds past {config.SEED.high}, "
+                         f"the largest seed; lower --start-seed.")
+    if args.out is not None and not args.out.strip():
+        raise FleetError("--out is empty: give the output folder, or leave it out for runs/benchmark_{timestamp}.")
     runs = [Run(env_id, args.start_seed + i) for env_id in dict.fromkeys(args.env_ids) for i in range(args.num_seeds)]
     names = [run.name for run in runs]
     clash = sorted({n for n in names if names.count(n) > 1})
@@ -432,7 +445,10 @@ def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
     check_command(base)
     runs = plan(args)
     out = Path(args.out or os.path.join("runs", f"benchmark_{int(time.time())}"))
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FleetError(f"Cannot create the output folder {out / 'logs'} ({exc.strerror or exc}). Give another --out.") from None
     if args.slurm_template:
         path = write_slurm_script(out, base, runs, args.slurm_cpus_per_task)
         envs = len(set(r.env_id for r in runs))

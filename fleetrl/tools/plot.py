@@ -12,6 +12,7 @@ from typing import Annotated, Literal, NamedTuple
 import numpy as np
 import tyro
 
+from fleetrl import config
 from fleetrl.errors import FleetError
 from fleetrl.tools.benchmark import plural
 
@@ -153,8 +154,7 @@ def plot(args: PlotArgs) -> list[Path]:
     """Draw the figure; returns the files written."""
     if not args.paths:
         raise FleetError("`fleetrl plot` needs run folders, or a folder that holds them: fleetrl plot runs/ -o curves.png")
-    if args.smooth < 1:
-        raise FleetError(f"--smooth must be at least 1 (1: no smoothing), got {args.smooth}.")
+    config.check_ranges(args, {"smooth": config.count("points in the trailing average; 1: no smoothing")})
     outputs = output_paths(args.output, args.svg)
     run_dirs = find_runs(list(args.paths))
     if not run_dirs:
@@ -218,7 +218,11 @@ def draw(groups: dict[str, dict[str, list[RunInfo]]], curves: dict[Path, tuple[n
     if args.title:
         fig.suptitle(args.title)
     fig.tight_layout()
-    for path in outputs:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        for path in outputs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise FleetError(f"Cannot write {path} ({exc.strerror or exc}). Give another -o.") from None
+    finally:
+        plt.close(fig)

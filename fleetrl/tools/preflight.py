@@ -29,6 +29,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from fleetrl import config
 from fleetrl.errors import EXTRAS, FleetError
 
 RECOMMENDED_CORES = 8
@@ -325,8 +326,7 @@ def recommend(cpu: dict, gpu: dict, throughput: dict) -> dict:
 
 def preflight(args: PreflightArgs) -> dict:
     """Run the checks, print the report (JSON or text) and return it; raise PreflightFailed if one failed."""
-    if not args.seconds > 0:
-        raise FleetError(f"--seconds must be positive, got {args.seconds}.")
+    config.check_ranges(args, {"seconds": config.positive("stepping time per backend, in seconds")})
     started = time.perf_counter()
     cpu = check_cpu()
     gpu = check_gpu()

@@ -1,0 +1,325 @@
+"""A run never loses work: exact resume after SIGTERM, random SIGKILLs, torn checkpoints, a full disk,
+checkpoints from elsewhere, and teardown when setup fails. Real processes, real signals, a real full filesystem."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from fleetrl import checkpoint
+from fleetrl.errors import FleetError
+from fleetrl.monitor.tbread import read_scalars
+
+from conftest import fleetrl_env, run_fleetrl, start_fleetrl
+
+STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync"]
+BATCH = 4 * 128  # classic control's default batch
+
+
+def state(step: int) -> dict:
+    return {"args": {"env_id": "CartPole-v1"}, "model": {"w": torch.full((3,), float(step))}, "global_step": step, "iteration": step}
+
+
+def names(run_dir) -> list[str]:
+    return [p.name for p in checkpoint.list_checkpoints(run_dir)]
+
+
+# ------------------------------------------------------------------------------------------ checkpoints on disk
+def test_retention_and_resume_auto_follow_the_runs_history_not_the_highest_step(tmp_path):
+    for step in (100, 200, 300):
+        checkpoint.save_checkpoint(state(step), tmp_path, keep=3)
+    # the user resumed step 100: the new branch's checkpoint is the newest, and the abandoned 200/300 go first
+    checkpoint.save_checkpoint(state(150), tmp_path, keep=2)
+    assert names(tmp_path) == ["ckpt_000000000300.pt", "ckpt_000000000150.pt"]
+    assert checkpoint.load_checkpoint(tmp_path)["global_step"] == 150, "auto continues the branch written last"
+    checkpoint.save_checkpoint(state(250), tmp_path, keep=1)
+    assert names(tmp_path) == ["ckpt_000000000250.pt"], "the checkpoint just written is never the one deleted"
+    # the new branch reaches a step the abandoned one had: the new file replaces it and is the newest
+    checkpoint.save_checkpoint(state(300), tmp_path, keep=5)
+    assert names(tmp_path)[-1] == "ckpt_000000000300.pt" and checkpoint.load_checkpoint(tmp_path)["global_step"] == 300
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest"])
+def test_auto_skips_a_torn_or_corrupt_newest_checkpoint_with_a_warning(tmp_path, capsys, damage):
+    for step in (100, 200):
+        checkpoint.save_checkpoint(state(step), tmp_path, keep=3)
+    newest = checkpoint.list_checkpoints(tmp_path)[-1]
+    data = bytearray(newest.read_bytes())
+    if damage == "truncate":
+        newest.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0xFF  # one bit pattern changed: still a readable zip, caught by the checksum
+        newest.write_bytes(bytes(data))
+    else:
+        checkpoint.manifest_path(newest).unlink()  # killed between the file and its commit marker
+    loaded = checkpoint.load_checkpoint(tmp_path)
+    assert loaded["global_step"] == 100 and loaded["model"]["w"].tolist() == [100.0] * 3
+    if damage != "no_manifest":
+        err = capsys.readouterr().err
+        assert "skipping the checkpoint" in err and newest.name in err
+        with pytest.raises(FleetError, match="torn|corrupt"):
+            checkpoint.load_checkpoint(newest)  # named explicitly: a clear error, not a fallback
+    else:
+        assert names(tmp_path) == ["ckpt_000000000100.pt"], "an uncommitted file is not a checkpoint"
+
+
+def test_a_failed_write_leaves_every_earlier_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
+    checkpoint.save_checkpoint(state(100), tmp_path, keep=3)
+    real_replace = os.replace
+
+    def fail_on_the_manifest(src, dst):
+        if str(dst).endswith(".json"):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_on_the_manifest)
+    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left"):
+        checkpoint.save_checkpoint(state(200), tmp_path, keep=1)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert names(tmp_path) == ["ckpt_000000000100.pt"] and checkpoint.load_checkpoint(tmp_path)["global_step"] == 100
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if ".tmp-" in p.name]
+
+
+# ------------------------------------------------------------------------------------------ exact resume
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180, what: str = "") -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: {proc.stdout.read()[-3000:]}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def final_state(run_dir) -> dict:
+    return checkpoint.load_checkpoint(run_dir)
+
+
+def assert_same_learner(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), f"model tensor {key} differs"
+    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
+        for name in va:
+            assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"optimizer state {ka}.{name} differs"
+
+
+def torchrun_cmd(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "fleetrl"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, nproc):
+    iterations = 40
+    train = ["train", "ppo", *STATELESS, "--num-envs", "4", "--total-timesteps", str(iterations * BATCH), "--checkpoint-every", "4"]
+    launcher = torchrun_cmd(nproc) if nproc > 1 else [sys.executable, "-m", "fleetrl"]
+
+    whole = subprocess.run([*launcher, *train, "--run-dir", str(tmp_path / "whole")], capture_output=True, text=True,
+                           env=fleetrl_env(), timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    stopped_dir = tmp_path / "stopped"
+    proc = subprocess.Popen([*launcher, *train, "--run-dir", str(stopped_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=fleetrl_env(), start_new_session=True)
+    try:
+        wait_for(lambda: checkpoint.list_checkpoints(stopped_dir), proc, what="the first checkpoint")
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)  # torchrun forwards it to every rank
+        output = proc.communicate(timeout=60)[0]
+        assert time.time() - sent < 30, "a preempted run must be gone well within Slurm's and Kubernetes' 30 s"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0 and "stopped by SIGTERM" in output and "--resume auto" in output, output[-3000:]
+    # torchrun itself prints the SignalException it ends on; no traceback may come from fleetrl's ranks
+    assert ("Traceback" not in output) if nproc == 1 else ("/fleetrl/" not in output.split("Traceback", 1)[-1]), output[-3000:]
+    assert output.count("stopped by SIGTERM") == 1, "rank 0 reports the stop once"
+    stopped_at = checkpoint.load_checkpoint(stopped_dir)
+    assert 4 * BATCH <= stopped_at["global_step"] < iterations * BATCH
+    assert len(stopped_at["ranks"]) == nproc, "every rank's RNG streams are saved"
+
+    resumed = subprocess.run([*launcher, *train, "--resume", "auto", "--run-dir", str(stopped_dir)], capture_output=True, text=True,
+                             env=fleetrl_env(), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_learner(final_state(tmp_path / "whole"), final_state(stopped_dir))
+    steps = [p.step for p in read_scalars(stopped_dir, "charts/learning_rate")]
+    assert steps == [BATCH * i for i in range(1, iterations + 1)], "every iteration logged exactly once"
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_and_exits_130(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_fleetrl("train", "ppo", *STATELESS, "--total-timesteps", str(400 * BATCH), "--checkpoint-every", "1000",
+                         "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: (run_dir / "checkpoints").exists() or any(run_dir.glob("events.out.tfevents.*")), proc, what="the run to start")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    assert proc.returncode == 130 and "stopped by Ctrl-C" in output and "Traceback" not in output, output[-3000:]
+    assert 0 < checkpoint.load_checkpoint(run_dir)["global_step"] < 400 * BATCH, "the work so far was checkpointed, off the cadence"
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_of_an_async_run_checkpoints_without_worker_restarts(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "fleetrl", "train", "ppo", *STATELESS[:-2], "--env-backend", "async",
+                             "--total-timesteps", str(400 * BATCH), "--checkpoint-every", "1000", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=fleetrl_env(), start_new_session=True)
+    try:
+        wait_for(lambda: any(run_dir.glob("events.out.tfevents.*")), proc, what="the run to start")
+        time.sleep(2.0)
+        os.killpg(proc.pid, signal.SIGTERM)  # as Slurm does: the trainer and its env workers at once
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in output, output[-3000:]
+    assert "restarting env worker" not in output and "Traceback" not in output, output[-3000:]
+    assert checkpoint.load_checkpoint(run_dir)["global_step"] > 0
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_loses_at_most_the_work_since_the_last_checkpoint(tmp_path):
+    run_dir, iterations = tmp_path / "run", 60
+    train = ["train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--total-timesteps", str(iterations * BATCH),
+             "--checkpoint-every", "1", "--keep-checkpoints", "2", "--resume", "auto", "--run-dir", str(run_dir)]
+    rng = random.Random(11)
+    kills = 0
+    for _ in range(4):
+        proc = start_fleetrl(*train)
+        before = checkpoint.load_checkpoint(run_dir)["global_step"] if checkpoint.list_checkpoints(run_dir) else 0
+        try:
+            wait_for(lambda: checkpoint.list_checkpoints(run_dir) and checkpoint.load_checkpoint(run_dir)["global_step"] > before,
+                     proc, what="a new checkpoint")
+            time.sleep(rng.uniform(0.0, 1.0))  # anywhere: mid-rollout, mid-update, mid-write of a checkpoint
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        finally:
+            proc.wait(timeout=30)
+            proc.stdout.close()
+        latest = checkpoint.load_checkpoint(run_dir)  # the newest that verifies
+        assert latest["global_step"] > before, "each life made progress that survived the kill"
+    finished = run_fleetrl(*train, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert kills == 4 and checkpoint.load_checkpoint(run_dir)["global_step"] == iterations * BATCH
+    steps = [p.step for p in read_scalars(run_dir, "charts/learning_rate")]
+    assert steps == [BATCH * i for i in range(1, iterations + 1)], "no step lost from the curves and none duplicated"
+
+
+# ------------------------------------------------------------------------------------------ env workers
+@pytest.mark.slow
+def test_ppo_goes_on_through_env_worker_crashes_counts_them_and_stops_after_the_limit(tmp_path):
+    flaky = ["train", "ppo", "--env-id", "fleetrl_test_envs:FlakyTrain-v0", "--env-backend", "async", "--no-cuda",
+             "--num-envs", "4", "--total-timesteps", str(8 * BATCH)]
+    proc = run_fleetrl(*flaky, "--run-dir", str(tmp_path / "ok"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("restarting env worker") >= 2 and "FlakyEnv was told to fail" in proc.stderr
+    restarts = read_scalars(tmp_path / "ok", "resources/env_worker_restarts")
+    assert restarts and restarts[-1].value == proc.stderr.count("restarting env worker"), "every restart is counted in the logs"
+    assert checkpoint.load_checkpoint(tmp_path / "ok")["global_step"] == 8 * BATCH
+
+    limited = run_fleetrl(*flaky, "--max-env-restarts", "1", "--run-dir", str(tmp_path / "limited"), timeout=300)
+    assert limited.returncode != 0 and "--max-env-restarts" in limited.stderr and "FlakyEnv was told to fail" in limited.stderr
+    assert "fleetrl/algos" not in limited.stderr, "no trainer traceback: only the env's own, inside the message"
+
+
+# ------------------------------------------------------------------------------------------ a disk that fills up
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 400 KiB tmpfs (root only): writes fail with ENOSPC once it is full."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_reported_retried_then_stops_naming_the_last_good_checkpoint(small_disk):
+    run_dir = small_disk / "run"
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--total-timesteps", str(200 * BATCH),
+                       "--checkpoint-every", "2", "--keep-checkpoints", "3", "--run-dir", str(run_dir), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("the next checkpoint tries again") == 2, proc.stderr[-3000:]
+    assert "3 failed checkpoint writes in a row" in proc.stderr and "No space left on device" in proc.stderr
+    last_good = checkpoint.load_checkpoint(run_dir)
+    assert f"ckpt_{int(last_good['global_step']):012d}.pt" in proc.stderr.split("last good checkpoint is")[-1]
+
+
+def test_a_run_folder_that_cannot_be_written_is_refused_before_anything_starts(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = run_fleetrl("train", "ppo", "--run-dir", str(blocker / "run"), "--total-timesteps", "512", timeout=120)
+    assert proc.returncode == 2 and "cannot be written" in proc.stderr and "--run-dir" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ checkpoints from elsewhere
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("cartpole") / "run"
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--total-timesteps", str(2 * BATCH), "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_a_checkpoint_of_another_env_or_algorithm_or_a_truncated_one_is_refused_clearly(tmp_path, cartpole_run):
+    other_env = run_fleetrl("train", "ppo", "--resume", str(cartpole_run), "--env-id", "Acrobot-v1", "--run-dir", str(tmp_path / "a"))
+    assert other_env.returncode == 2 and "observations of shape (4,)" in other_env.stderr and "(6,)" in other_env.stderr, other_env.stderr
+    other_algo = checkpoint.load_checkpoint(cartpole_run)
+    checkpoint.save_checkpoint({**other_algo, "algo": "dqn"}, tmp_path / "dqn", keep=1)
+    wrong = run_fleetrl("train", "ppo", "--resume", str(tmp_path / "dqn"), "--run-dir", str(tmp_path / "b"))
+    assert wrong.returncode == 2 and "written by dqn" in wrong.stderr, wrong.stderr
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(checkpoint.list_checkpoints(cartpole_run)[-1].read_bytes()[:5000])
+    for command in (["train", "ppo", "--resume", str(truncated), "--run-dir", str(tmp_path / "c")], ["eval", str(truncated)]):
+        proc = run_fleetrl(*command)
+        assert proc.returncode == 2 and "corrupt or truncated" in proc.stderr, proc.stderr
+    for proc in (other_env, wrong):
+        assert "Traceback" not in proc.stderr
+
+
+def test_a_failure_during_setup_tears_down_env_workers_threads_and_the_process_group(cartpole_run, tmp_path):
+    from fleetrl.algos import ppo
+
+    def children() -> set[int]:
+        found = set()
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "forkserver" not in " ".join(child.cmdline()) and "resource_tracker" not in " ".join(child.cmdline()):
+                    found.add(child.pid)
+        return found
+
+    before = children()
+    # the resumed checkpoint does not fit the env: refused after the async backend's workers started
+    args = ppo.Args(env_id="Acrobot-v1", env_backend="async", num_envs=2, resume=str(cartpole_run), run_dir=str(tmp_path / "r"), cuda=False)
+    with pytest.raises(FleetError, match="observations of shape"):
+        ppo.train(args, explicit={"env_id", "env_backend", "num_envs", "resume", "run_dir"})
+    deadline = time.time() + 10
+    while children() - before and time.time() < deadline:
+        time.sleep(0.1)
+    assert not children() - before, "the env workers were stopped"
+    assert not [t for t in threading.enumerate() if t.name.startswith("fleetrl-")], "no monitoring or sampler thread left"
+    assert not torch.distributed.is_initialized()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the stop-signal handlers are put back"
