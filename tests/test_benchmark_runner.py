@@ -128,3 +128,50 @@ def test_fleetrl_runs_with_this_interpreter_and_gets_threads_resume_and_the_run_
     assert split_command(["--env-ids", "A", "--", "fleetrl", "train", "--", "x"]) == (["--env-ids", "A"], ["fleetrl", "train", "--", "x"])
     with pytest.raises(FleetError):
         check_command(["fleetrl", "train", "ppo", "--run-dir=x"])
+
+
+@pytest.mark.slow
+def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_requeued_task_resumes(tmp_path):
+    import signal
+    import time
+
+    from fleetrl import checkpoint
+    from fleetrl.monitor.tbread import read_scalars
+
+    from conftest import fleetrl_env
+
+    out, iterations = tmp_path / "bench", 60
+    train = ["fleetrl", "train", "ppo", "--total-timesteps", str(iterations * 512), "--checkpoint-every", "1000", "--no-cuda"]
+    made = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--slurm-template", "--", *train)
+    assert made.returncode == 0, made.stderr
+    script = out / "benchmark.slurm"
+    assert "#SBATCH --requeue" in script.read_text() and "#SBATCH --signal=B:USR1@" in script.read_text()
+    bin_dir = tmp_path / "bin"  # Slurm's scontrol, standing in: it records what it was asked
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.calls\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {**fleetrl_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77"}
+    run_dir = out / "CartPole-v1__1"
+
+    task = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not any(run_dir.glob("events.out.tfevents.*")) and time.time() < deadline:
+        assert task.poll() is None, task.stdout.read()
+        time.sleep(0.2)
+    time.sleep(2.0)
+    task.send_signal(signal.SIGUSR1)  # what `--signal=B:USR1@120` sends the batch shell
+    task.communicate(timeout=60)
+    assert task.returncode == 0
+    assert (tmp_path / "scontrol.calls").read_text().split() == ["requeue", "77_0"]
+    log = (out / "logs" / "CartPole-v1__1.log").read_text()
+    assert "stopped by SIGTERM" in log and "requeueing" in log, log[-2000:]
+    stopped_at = checkpoint.load_checkpoint(run_dir)["global_step"]
+    assert 0 < stopped_at < iterations * 512, "checkpointed off the cadence, where the warning found it"
+    assert not (out / "status" / "CartPole-v1__1.json").exists(), "a requeued task is not finished"
+
+    requeued = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert requeued.returncode == 0, requeued.stdout + requeued.stderr
+    assert json.loads((out / "status" / "CartPole-v1__1.json").read_text())["ok"] is True
+    assert checkpoint.load_checkpoint(run_dir)["global_step"] == iterations * 512
+    steps = [p.step for p in read_scalars(run_dir, "charts/learning_rate")]
+    assert steps == [512 * i for i in range(1, iterations + 1)], "resumed, not restarted: every iteration logged once"

@@ -491,6 +491,8 @@ def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
 
 # ---- Slurm --------------------------------------------------------------------------------------
 
+SLURM_GRACE_S = 120  # the warning before the time limit: one iteration and a checkpoint fit well within it
+
 SLURM_SCRIPT = """#!/bin/bash
 # fleetrl benchmark as a Slurm job array: {n} tasks, one per env x seed. Submit with: sbatch {script}
 # A task skips a run that already finished. When the array is done, the same `fleetrl benchmark`
@@ -499,6 +501,10 @@ SLURM_SCRIPT = """#!/bin/bash
 #SBATCH --array=0-{last}
 #SBATCH --cpus-per-task={cpus}
 #SBATCH --output={out}/logs/slurm_%A_%a.out
+# Preemption and time limits: Slurm signals this script (B:) {grace} s before the end; the run then writes a
+# checkpoint and stops, and the task is requeued; the requeued task resumes it (--resume auto).
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@{grace}
 set -u
 : "${{SLURM_ARRAY_TASK_ID:?not set: submit with sbatch, or set SLURM_ARRAY_TASK_ID=0..{last} to run one task by hand}}"
 
@@ -525,7 +531,20 @@ fi
 CMD=({command} --env-id "$ENV_ID" --seed "$SEED" --run-dir "$OUT/$NAME")
 START=$(date +%s.%N)
 echo "\\$ ${{CMD[*]}}" > "$LOG"
-"${{CMD[@]}}" >> "$LOG" 2>&1
+# the run goes to the background, so that this shell can take Slurm's warning signal while it trains
+"${{CMD[@]}}" >> "$LOG" 2>&1 &
+RUN_PID=$!
+requeue() {{
+    echo "$(date -Is) $1: stopping the run with a checkpoint, then requeueing this task" >> "$LOG"
+    kill -TERM "$RUN_PID" 2>/dev/null
+    wait "$RUN_PID"
+    echo "$(date -Is) the run stopped (exit code $?); requeueing" >> "$LOG"
+    scontrol requeue "${{SLURM_ARRAY_JOB_ID:-${{SLURM_JOB_ID:-}}}}${{SLURM_ARRAY_JOB_ID:+_$SLURM_ARRAY_TASK_ID}}"
+    exit 0
+}}
+trap 'requeue "Slurm warned of the time limit or a preemption (USR1)"' USR1
+trap 'requeue "SIGTERM"' TERM
+wait "$RUN_PID"
 RC=$?
 WALL=$(awk -v s="$START" -v e="$(date +%s.%N)" 'BEGIN {{ printf "%.3f", e - s }}')
 OK=$([ "$RC" -eq 0 ] && echo true || echo false)
@@ -548,6 +567,7 @@ def write_slurm_script(out: Path, base: list[str], runs: list[Run], cpus: int) -
     path.write_text(
         SLURM_SCRIPT.format(
             n=len(runs),
+            grace=SLURM_GRACE_S,
             last=len(runs) - 1,
             cpus=cpus,
             script=shlex.quote(str(path)),
