@@ -7,7 +7,8 @@ Differences from CleanRL, each on purpose:
 * time-limit truncation bootstraps from the value of the final observation;
 * episode statistics come from the env layer, so Atari reports the unclipped full-game score;
 * observation/reward normalisation statistics live here (one set for all envs) and are checkpointed;
-* checkpoints are atomic and a run resumes exactly where it stopped (``--resume``).
+* checkpoints are atomic and checksummed; SIGTERM/Ctrl-C checkpoint and stop; a resumed run continues the same
+  learner and RNG streams on fresh episodes (``--resume``, docs/reliability.md).
 """
 
 from __future__ import annotations
