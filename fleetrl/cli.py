@@ -1,4 +1,4 @@
-"""`fleetrl <command>`: train, eval, bench-env, benchmark, plot.
+"""`fleetrl <command>`: train, eval, bench-env, benchmark, tune, plot.
 
     fleetrl train ppo --env-id CartPole-v1
     fleetrl eval runs/CartPole-v1__ppo__1__1700000000 --episodes 10
@@ -23,6 +23,7 @@ commands:
   eval CHECKPOINT      evaluate a checkpoint or run folder; `fleetrl eval --help`
   bench-env            env throughput per backend and number of envs; what `auto` picks; `fleetrl bench-env --help`
   benchmark -- CMD     run CMD for env ids x seeds on a worker pool, then summarise; `fleetrl benchmark --help`
+  tune -- CMD          search hyperparameters of CMD (`fleetrl train ...`) with Optuna: parallel trials, pruning; `fleetrl tune --help`
   plot PATHS -o FILE   learning curves (mean ± std over seeds, a panel per env) of the runs under PATHS; `fleetrl plot --help`
   preflight            check CPU cores, GPU and driver, env throughput before a long run; `fleetrl preflight --help`
 """
@@ -52,6 +53,14 @@ def _benchmark(argv: list[str]) -> None:
     run_benchmark(tyro.cli(BenchmarkArgs, args=flags, prog="fleetrl benchmark", description=DESCRIPTION), command)
 
 
+def _tune(argv: list[str]) -> None:
+    from fleetrl.tools.benchmark import split_command
+    from fleetrl.tools.tune import DESCRIPTION, TuneArgs, run_tune
+
+    flags, command = split_command(argv)
+    run_tune(tyro.cli(TuneArgs, args=flags, prog="fleetrl tune", description=DESCRIPTION), command)
+
+
 def _plot(argv: list[str]) -> None:
     from fleetrl.tools.plot import PlotArgs, plot
 
@@ -70,7 +79,7 @@ def _preflight(argv: list[str]) -> None:
     preflight(tyro.cli(PreflightArgs, args=argv, prog="fleetrl preflight"))
 
 
-COMMANDS = {"train": _train, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "plot": _plot, "preflight": _preflight}
+COMMANDS = {"train": _train, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "preflight": _preflight}
 
 
 def main(argv: list[str] | None = None) -> None:

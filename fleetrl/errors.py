@@ -56,7 +56,7 @@ EXTRAS = {
     "mujoco": "mujoco imageio",
     "envpool": "envpool",
     "video": "imageio imageio-ffmpeg pygame",
-    "tune": "optuna",
+    "tune": "optuna cmaes pyyaml matplotlib 'psycopg[binary]'",
     "track": "wandb",
 }
 

@@ -252,3 +252,125 @@ gym.register("Flaky-v0", entry_point=FlakyEnv)
 
 # every env of the vector fails on each 300th step of its life: a PPO run restarts its workers a few times
 gym.register("FlakyTrain-v0", entry_point=FlakyEnv, kwargs={"fail_on_step": 300, "how": "raise", "length": 50})
+
+
+# --- evaluation (tests/test_evaluate.py) -------------------------------------------------------------------------------
+
+
+class FixedStartEnv(gym.Env):
+    """Every episode is the same: one start, deterministic steps, 20 of them; reward 1 for action 1. A fixed policy
+    scores the same each episode, a sampling one varies. Renders a small frame per step for --capture-video."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+    LENGTH = 20
+
+    def __init__(self, render_mode: str | None = None):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.render_mode = render_mode
+        self.t = 0
+
+    def _obs(self):
+        return np.array([self.t / self.LENGTH, 0.5], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(action == 1), False, self.t >= self.LENGTH, {}
+
+    def render(self):
+        return np.full((64, 64, 3), 10 * self.t, np.uint8)
+
+
+gym.register("FixedStart-v0", entry_point=FixedStartEnv)
+
+
+class TorchProbeEnv(StatelessEnv):
+    """Stateless-v0 that appends, at each reset and at close, the torch threads of the thread running it and the CUDA
+    memory its process has allocated (0 without CUDA) to $FLEETRL_TORCH_PROBE: tests/test_flags.py (--torch-threads),
+    tests/test_gpu.py (--cuda)."""
+
+    def _probe(self, when: str) -> None:
+        import os
+
+        import torch
+
+        cuda_bytes = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+        with open(os.environ["FLEETRL_TORCH_PROBE"], "a") as f:
+            f.write(f"{when} {torch.get_num_threads()} {cuda_bytes}\n")
+
+    def reset(self, *, seed=None, options=None):
+        self._probe("reset")  # during a rollout: the acting threads (sampler.py)
+        return super().reset(seed=seed, options=options)
+
+    def close(self):
+        self._probe("close")  # at the end, on the trainer's thread: the learner's threads
+        super().close()
+
+    def step(self, action):
+        obs, reward, _, _, info = super().step(action)
+        self.t = getattr(self, "t", 0) + 1
+        return obs, reward, False, self.t % 50 == 0, info  # episodes of 50 steps: resets during training too
+
+
+gym.register("TorchProbe-v0", entry_point=TorchProbeEnv)
+
+
+class RecordingDriftEnv(gym.Env):
+    """A continuous env that appends every observation and reward it returns to a file of its own under
+    $FLEETRL_RECORD_DIR (tests/test_distributed.py recomputes the normalisation statistics from them): lines
+    ``reset o...`` and ``step done r o...``. Episodes of 40 steps; observations far from mean 0, std 1."""
+
+    LENGTH = 40
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.t, self.s, self._file = 0, np.zeros(3), None
+
+    def _record(self, line: str) -> None:
+        import os
+
+        if self._file is None:
+            self._file = os.path.join(os.environ["FLEETRL_RECORD_DIR"], f"{os.getpid()}-{id(self)}.txt")
+        with open(self._file, "a") as f:
+            f.write(line + "\n")
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.s = 0, self.np_random.normal(5.0, 3.0, 3)
+        obs = self.s.astype(np.float32)
+        self._record("reset " + " ".join(repr(float(x)) for x in obs))
+        return obs, {}
+
+    def step(self, action):
+        self.t += 1
+        self.s = 0.9 * self.s + np.array([float(np.asarray(action).ravel()[0]), np.sin(self.t), 2.0])
+        obs, reward, done = self.s.astype(np.float32), float(self.s[0] - 0.1 * self.s[2]), self.t >= self.LENGTH
+        self._record(f"step {int(done)} {reward!r} " + " ".join(repr(float(x)) for x in obs))
+        return obs, reward, False, done, {}
+
+
+gym.register("RecordingDrift-v0", entry_point=RecordingDriftEnv)
+
+
+class SlowCartPoleEnv(gym.Wrapper):
+    """CartPole-v1 whose every step also sleeps 1 ms: a tiny run lasts seconds however fast the machine is, without
+    taking a core, so a test can catch it mid-run (the tuner's pruning)."""
+
+    def __init__(self, delay: float = 0.001):
+        super().__init__(gym.make("CartPole-v1"))
+        self.delay = delay
+
+    def step(self, action):
+        import time
+
+        time.sleep(self.delay)
+        return self.env.step(action)
+
+
+gym.register("SlowCartPole-v1", entry_point=SlowCartPoleEnv)

@@ -1,0 +1,461 @@
+"""`fleetrl tune`: real Optuna studies (journal, SQLite, PostgreSQL) of tiny CartPole trials: the trial count is global and
+exact, tuned values reach the trainer, crashes fail one trial, weak trials are pruned mid-run, tuners share studies, a
+stopped or killed tuner leaves the storage consistent, and bad input is one clear error."""
+
+from __future__ import annotations
+
+import csv
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from glob import glob
+from pathlib import Path
+
+import psutil
+import pytest
+
+optuna = pytest.importorskip("optuna", reason="the tune extra is not installed: pip install 'fleetrl[tune]'")
+from optuna.trial import TrialState  # noqa: E402
+
+from fleetrl import cli  # noqa: E402
+from fleetrl.checkpoint import load_checkpoint  # noqa: E402
+from fleetrl.monitor.tbread import read_scalars  # noqa: E402
+from fleetrl.tools.tune import EpisodeFollower, counted, open_storage, parse_storage, run_score, trial_score  # noqa: E402
+
+from conftest import run_fleetrl, start_fleetrl  # noqa: E402
+
+# 8 iterations of 2 envs x 128 steps: a trial costs a few seconds, mostly the trainer's start
+TINY = ["fleetrl", "train", "ppo", "--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"]
+SPACE = """\
+learning-rate: {type: float, low: 1.0e-4, high: 3.0e-3, log: true}
+update-epochs: {type: int, low: 2, high: 4}
+anneal-lr: {type: categorical, choices: [true, false]}
+"""
+
+
+def write_space(tmp_path: Path, text: str = SPACE) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+def tune_args(tmp_path: Path, *flags: str, space: Path | None = None, command: list[str] = TINY, env_ids: tuple[str, ...] = ("CartPole-v1",)) -> list[str]:
+    return ["tune", "--env-ids", *env_ids, "--search", str(space or write_space(tmp_path)), "--study-name", "test", *flags, "--", *command]
+
+
+def load(storage: str):
+    return optuna.load_study(study_name="test", storage=open_storage(parse_storage(storage), stale_after=600))
+
+
+def trials_csv(out: Path) -> list[dict]:
+    with open(out / "trials.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def trainers_in(folder: Path) -> list[psutil.Process]:
+    """Live processes started for runs under ``folder`` (their command line holds its path)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if any(str(folder) in part for part in cmdline) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+# ---- a study runs, records every trial, and resumes ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_four_trial_study_with_parallel_two_records_four_trials_and_a_rerun_with_six_adds_two(tmp_path):
+    out, storage = tmp_path / "out", f"sqlite:///{tmp_path / 'tune.db'}"
+    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "4", "--parallel", "2", "--storage", storage, "--out", str(out)), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 trials at once here" in proc.stdout and "with 1 thread" in proc.stdout  # 2 cores / 2 processes
+    study = load(storage)
+    assert len(study.trials) == 4 and all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert max(t.datetime_start for t in study.trials[:2]) < min(t.datetime_complete for t in study.trials[:2])  # two at once
+    for t in study.trials:
+        assert len(t.intermediate_values) >= 5 and all(step % 204 == 0 for step in t.intermediate_values)  # aligned steps
+        (run_dir,) = t.user_attrs["run_dirs"]
+        assert Path(run_dir).is_dir() and Path(run_dir).parent.name == f"trial_{t.number:04d}"
+    assert "train with them:" in proc.stdout and "fleetrl train ppo --total-timesteps 2048" in proc.stdout
+    assert f"optuna-dashboard {storage}" in proc.stdout
+    assert (out / "optimization_history.png").stat().st_size > 0 and (out / "param_importances.png").stat().st_size > 0
+    assert len(trials_csv(out)) == 4
+
+    again = run_fleetrl(*tune_args(tmp_path, "--trials", "6", "--parallel", "2", "--storage", storage, "--out", str(out)), timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "has 4 of 6 trials" in again.stdout
+    study = load(storage)
+    assert [t.number for t in study.trials] == list(range(6)) and all(t.state == TrialState.COMPLETE for t in study.trials)
+    rows = trials_csv(out)
+    assert [r["number"] for r in rows] == [str(n) for n in range(6)] and {r["state"] for r in rows} == {"COMPLETE"}
+
+
+@pytest.mark.slow
+def test_each_tuned_value_reaches_the_trainers_arguments_in_every_seeds_run(tmp_path):
+    out = tmp_path / "out"
+    space = write_space(tmp_path, SPACE + "num-minibatches: {type: categorical, choices: [2, 4, 8]}\n")
+    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--num-seeds", "2", "--start-seed", "5", "--out", str(out),
+                                  space=space), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study = load(str(out / "study.log"))  # the default storage: a journal file in --out
+    assert len(study.trials) == 2
+    for t in study.trials:
+        assert t.state == TrialState.COMPLETE
+        run_dirs = t.user_attrs["run_dirs"]
+        assert [Path(d).name for d in run_dirs] == ["CartPole-v1__5", "CartPole-v1__6"]
+        for run_dir, seed in zip(run_dirs, (5, 6)):
+            saved = load_checkpoint(run_dir)["args"]  # what the trainer actually trained with
+            assert saved["learning_rate"] == t.params["learning-rate"]  # the first parameter too (CleanRL's #533)
+            assert saved["update_epochs"] == t.params["update-epochs"]
+            assert saved["anneal_lr"] is t.params["anneal-lr"]
+            assert saved["num_minibatches"] == t.params["num-minibatches"]
+            assert saved["seed"] == seed and saved["env_id"] == "CartPole-v1" and saved["torch_threads"] == 1
+            assert saved["total_timesteps"] == 2048 and saved["num_steps"] == 128  # the command's fixed flags
+
+
+@pytest.mark.slow
+def test_a_trial_on_two_envs_scores_the_mean_of_their_normalised_returns(tmp_path):
+    out = tmp_path / "out"
+    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "1", "--parallel", "2", "--target-scores", "CartPole-v1=0,500", "CartPole-v0=10,210",
+                                  "--last-episodes", "5", "--out", str(out), env_ids=("CartPole-v1", "CartPole-v0")), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (trial,) = load(str(out / "study.log")).trials
+    v1, v0 = ([p.value for p in read_scalars(d, "charts/episodic_return")][-5:] for d in trial.user_attrs["run_dirs"])
+    expected = (sum(v1) / len(v1) / 500 + (sum(v0) / len(v0) - 10) / 200) / 2
+    assert trial.value == pytest.approx(expected, rel=1e-6)
+    assert "best: trial 0, score" in proc.stdout and "(mean return)" not in proc.stdout
+    assert "--env-id CartPole-v1" in proc.stdout and "--env-id CartPole-v0" in proc.stdout  # a command for each env
+
+
+@pytest.mark.slow
+def test_a_crashing_trial_is_failed_with_its_exit_code_and_log_and_the_study_completes(tmp_path):
+    out = tmp_path / "out"
+    # a batch of 2 x 128 does not split into 7 minibatches: the trainer refuses it and exits 2
+    space = write_space(tmp_path, "num-minibatches: {type: categorical, choices: [4, 7]}\n")
+    # the random sampler with seed 9 draws 7, then 4
+    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "2", "--sampler", "random", "--sampler-seed", "9", "--out", str(out), space=space), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study = load(str(out / "study.log"))
+    failed, complete = study.trials
+    assert failed.state == TrialState.FAIL and failed.params["num-minibatches"] == 7
+    assert failed.user_attrs["exit_code"] == 2
+    assert "--num-minibatches 7" in Path(failed.user_attrs["log"]).read_text()
+    assert "exit code 2" in failed.user_attrs["fail_reason"]
+    assert complete.state == TrialState.COMPLETE and complete.params["num-minibatches"] == 4
+    assert "trial 0 failed: CartPole-v1 seed 1: exit code 2" in proc.stdout  # the report, with the log's tail
+    row = trials_csv(out)[0]
+    assert row["state"] == "FAIL" and row["exit_code"] == "2" and row["log"] == failed.user_attrs["log"]
+
+
+@pytest.mark.slow
+def test_the_median_pruner_stops_a_weak_trial_mid_run(tmp_path):
+    out, total = tmp_path / "out", 8192
+    space = write_space(tmp_path, "learning-rate: {type: categorical, choices: [1.0e-7, 2.5e-3]}\n")
+    command = ["fleetrl", "train", "ppo", "--total-timesteps", str(total), "--num-envs", "4", "--num-steps", "128", "--env-backend", "sync"]
+    # seed 8: a learning trial (2.5e-3) first, then two that cannot learn (1e-7); prune from the first complete trial on.
+    # CartPole with 1 ms of sleep a step: a run lasts seconds on any machine, so the tuner can catch it mid-run
+    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "3", "--sampler", "random", "--sampler-seed", "8", "--prune-after-trials", "1",
+                                  "--prune-warmup", "0", "--report-every", "512", "--out", str(out), space=space, command=command,
+                                  env_ids=("fleetrl_test_envs:SlowCartPole-v1",)), timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study = load(str(out / "study.log"))
+    assert study.trials[0].state == TrialState.COMPLETE and study.trials[0].params["learning-rate"] == 2.5e-3
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert pruned, [(t.state, t.intermediate_values) for t in study.trials]
+    for t in pruned:
+        step = t.user_attrs["pruned_at_step"]
+        assert step < total and max(t.intermediate_values) == step
+        (run_dir,) = t.user_attrs["run_dirs"]
+        last = read_scalars(run_dir, "charts/SPS")[-1].step
+        assert last < total, f"trial {t.number}'s run went on to step {last}"  # stopped mid-run, not after it
+    assert "pruned at step" in proc.stdout
+
+
+# ---- tuners share a study -----------------------------------------------------------------------
+
+
+def two_tuners_share_one_study(tmp_path: Path, storage: str) -> None:
+    """Two tuner processes at once on one study of 4 trials: exactly 4, none lost, none run twice."""
+    space = write_space(tmp_path)
+    procs = [start_fleetrl(*tune_args(tmp_path, "--trials", "4", "--storage", storage, "--out", str(tmp_path / f"out{i}"), space=space))
+             for i in range(2)]
+    outputs = [p.communicate(timeout=400)[0] for p in procs]
+    for p, output in zip(procs, outputs):
+        assert p.returncode == 0, output
+    study = load(storage)
+    assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    run_dirs = [d for t in study.trials for d in t.user_attrs["run_dirs"]]
+    assert len(set(run_dirs)) == 4 and all(Path(d).is_dir() for d in run_dirs)
+    started = [output.count(" started: ") for output in outputs]
+    assert sum(started) == 4, outputs
+
+
+@pytest.mark.slow
+def test_two_tuners_share_one_sqlite_study_without_losing_or_duplicating_trials(tmp_path):
+    two_tuners_share_one_study(tmp_path, f"sqlite:///{tmp_path / 'shared.db'}")
+
+
+def find_postgres_bin() -> Path | None:
+    found = sorted(glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found and shutil.which("dpkg"):
+        listed = subprocess.run(["dpkg", "-L", "postgresql-15"], capture_output=True, text=True).stdout.split()
+        found = [p for p in listed if p.endswith("bin/initdb")]
+    return Path(found[-1]).parent if found else None
+
+
+@pytest.fixture
+def postgres_url():
+    """A throwaway PostgreSQL cluster on a free loopback port, as an unprivileged user (the server refuses root)."""
+    bindir = find_postgres_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found; apt-get install postgresql-15 to run this test")
+    root = Path(tempfile.mkdtemp(prefix="fleetrl-pg-"))
+    as_user = {}
+    if os.geteuid() == 0:
+        nobody = pwd.getpwnam("nobody")
+        os.chown(root, nobody.pw_uid, nobody.pw_gid)
+        as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data, log = root / "data", root / "server.log"
+    try:
+        subprocess.run([bindir / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"],
+                       check=True, capture_output=True, cwd=root, **as_user)
+        subprocess.run([bindir / "pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "-o", f"-p {port} -h 127.0.0.1 -k {root} -F", "start"],
+                       check=True, capture_output=True, cwd=root, **as_user)
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True, cwd=root, **as_user)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_tuners_share_one_postgresql_study_without_losing_or_duplicating_trials(tmp_path, postgres_url):
+    two_tuners_share_one_study(tmp_path, postgres_url)
+
+
+# ---- a stopped or killed tuner ------------------------------------------------------------------
+
+LONG = ["fleetrl", "train", "ppo", "--total-timesteps", "500000", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_running_trials_records_them_failed_and_a_rerun_runs_them_again(tmp_path):
+    out = tmp_path / "out"
+    args = tune_args(tmp_path, "--trials", "1", "--out", str(out), command=LONG)
+    tuner = start_fleetrl(*args)
+    wait_for(lambda: list(out.glob("trial_0000/*/events.out.tfevents.*")), 120, "the first trial's run to log")
+    tuner.send_signal(signal.SIGTERM)
+    output = tuner.communicate(timeout=60)[0]
+    assert tuner.returncode == 128 + signal.SIGTERM, output
+    assert "Traceback" not in output and "The same command resumes the study" in output
+    wait_for(lambda: not trainers_in(out), 10, "the trial's processes to end")
+    study = load(str(out / "study.log"))
+    interrupted, retry = study.trials
+    assert interrupted.state == TrialState.FAIL and interrupted.user_attrs["fail_reason"].startswith("interrupted")
+    assert retry.state == TrialState.WAITING and retry.user_attrs["retry_of"] == 0  # its parameters: checked when it runs, below
+    assert counted(study.trials) == 0  # an interrupted trial does not use up --trials: its retry will
+    assert read_scalars(interrupted.user_attrs["run_dirs"][0], "charts/SPS")[-1].step < 500000
+
+    rerun = run_fleetrl(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--trial-timeout", "2", command=LONG), timeout=120)
+    assert rerun.returncode == 1, rerun.stdout + rerun.stderr  # the retry timed out: no trial completed
+    assert "No trial of the study 'test' completed" in rerun.stderr
+    study = load(str(out / "study.log"))
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert study.trials[1].params == interrupted.params and "timeout" in study.trials[1].user_attrs["fail_reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage_kind", ["journal", "sqlite"])
+def test_a_killed_tuners_trial_is_failed_as_stale_by_the_next_tuner_and_run_again(tmp_path, storage_kind):
+    out = tmp_path / "out"
+    storage = str(out / "study.log") if storage_kind == "journal" else f"sqlite:///{tmp_path / 'tune.db'}"
+    tuner = start_fleetrl(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--storage", storage, command=LONG))
+    wait_for(lambda: list(out.glob("trial_0000/*/events.out.tfevents.*")), 120, "the first trial's run to log")
+    tuner.kill()  # SIGKILL: no chance to record anything
+    tuner.communicate(timeout=30)
+    wait_for(lambda: not trainers_in(out), 30, "the orphaned run to end (it gets SIGTERM when its tuner dies)")
+    (stale,) = load(storage).trials
+    assert stale.state == TrialState.RUNNING  # what a killed tuner leaves behind
+
+    time.sleep(3)  # with the seconds since the trial began, longer than --stale-after 3 below without a heartbeat
+    rerun = run_fleetrl(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--storage", storage, "--stale-after", "3",
+                                   "--trial-timeout", "2", command=LONG), timeout=120)
+    assert "Traceback" not in rerun.stderr, rerun.stderr
+    study = load(storage)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL], rerun.stdout  # stale, then the retry's timeout
+    assert study.trials[1].user_attrs["retry_of"] == 0 and study.trials[1].params == stale.params
+
+
+# ---- the score ----------------------------------------------------------------------------------
+
+
+def test_run_score_is_the_mean_of_the_last_episodes_up_to_the_step():
+    steps, returns = [10, 20, 30, 40], [1.0, 2.0, 3.0, 10.0]
+    assert run_score(steps, returns, last=2) == 6.5
+    assert run_score(steps, returns, last=2, step=35) == 2.5
+    assert run_score(steps, returns, last=10, step=30) == 2.0
+    assert run_score(steps, returns, last=2, step=5) is None
+
+
+def test_trial_score_normalises_each_env_aggregates_the_envs_then_averages_the_seeds():
+    targets = {"A": (0.0, 100.0), "B": (-100.0, 0.0), "C": (0.0, 10.0)}
+    scores = {("A", 1): 50.0, ("B", 1): -50.0, ("C", 1): 10.0, ("A", 2): 100.0, ("B", 2): -100.0, ("C", 2): 0.0}
+    # seed 1: 0.5, 0.5, 1.0; seed 2: 1.0, 0.0, 0.0
+    assert trial_score(scores, ["A", "B", "C"], [1, 2], targets, "mean") == pytest.approx((2 / 3 + 1 / 3) / 2)
+    assert trial_score(scores, ["A", "B", "C"], [1, 2], targets, "median") == pytest.approx((0.5 + 0.0) / 2)
+    assert trial_score({("A", 1): 42.0}, ["A"], [1], {}, "mean") == 42.0  # one env without targets: the raw return
+    assert trial_score({**scores, ("C", 2): None}, ["A", "B", "C"], [1, 2], targets, "mean") is None  # a run without episodes yet
+
+
+def test_episode_follower_reads_only_new_events_and_every_episode(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    follower = EpisodeFollower(tmp_path)
+    for i in range(3):
+        writer.add_scalar("charts/episodic_return", float(i), 100 + i)
+    writer.add_scalar("losses/value_loss", 0.1, 128)
+    writer.flush()
+    follower.update()
+    assert follower.steps == [100, 101, 102] and follower.returns == [0.0, 1.0, 2.0] and follower.reached == 128
+    for i in range(12_000):  # more than the 10,000 points EventAccumulator keeps by default
+        writer.add_scalar("charts/episodic_return", 5.0, 200 + i)
+    writer.flush()
+    follower.update()
+    assert len(follower.returns) == 12_003 and follower.reached == 128  # episodes never advance the reached step
+    assert follower.score(last=10) == 5.0 and follower.score(last=3, step=150) == 1.0
+    writer.close()
+
+
+# ---- bad input: one clear error, before any trial -----------------------------------------------
+
+
+def fails_clearly(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert "Traceback" not in err and err.startswith("fleetrl: error: ")
+    return " ".join(err.split())
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("learning-rat: {type: float, low: 1.0e-4, high: 1.0e-3}", "unknown flag --learning-rat for fleetrl train ppo (did you mean learning-rate?)"),
+        ("update-epochs: {type: float, low: 2, high: 8}", "bad type: --update-epochs takes a whole number; use type: int"),
+        ("anneal-lr: {type: int, low: 0, high: 1}", "bad type: --anneal-lr takes true or false; use type: categorical"),
+        ("update-epochs: {type: categorical, choices: [4, fast]}", "bad type: --update-epochs takes a whole number, got the choice 'fast'"),
+        ("ent-coef: {type: float, low: 0.05, high: 0.0}", "low (0.05) must be below high (0.0)"),
+        ("learning-rate: {type: float, low: 0, high: 1.0e-3, log: true}", "a log distribution needs low > 0, got low 0.0"),
+        ("num-minibatches: {type: categorical, choices: []}", "choices must be a non-empty list"),
+        ("gamma: {type: float, low: 0.9, high: 1.5}", "high 1.5 is refused by the trainer: --gamma must be in [0, 1]"),
+        ("seed: {type: int, low: 1, high: 9}", "--seed is set by the tuner for each run"),
+        ("total-timesteps: {type: int, low: 1000, high: 9000}", "set it in the command after `--`"),
+        ("vf-coef: {type: float, lo: 0.1, high: 1.0}", "lo is not a key of a float distribution"),
+        ("vf-coef: {type: uniform, low: 0.1, high: 1.0}", "type must be one of float, int, categorical, got 'uniform'"),
+        ("vf-coef: [0.1, 1.0]", "expected a mapping like"),
+        ("vf-coef: {type: float, low: 0.1", "is not valid YAML"),
+    ],
+)
+def test_a_bad_search_space_is_one_clear_error(tmp_path, capsys, entry, message):
+    space = write_space(tmp_path, entry + "\n")
+    err = fails_clearly(capsys, tune_args(tmp_path, "--out", str(tmp_path / "out"), space=space))
+    assert message in err, err
+    assert not (tmp_path / "out" / "study.log").exists()  # refused before the study was opened
+
+
+def test_a_flag_also_given_in_the_command_is_refused(tmp_path, capsys):
+    err = fails_clearly(capsys, tune_args(tmp_path, command=[*TINY, "--learning-rate", "0.001"]))
+    assert "--learning-rate is also given in the command after `--`" in err
+
+
+@pytest.mark.parametrize(
+    "storage, message",
+    [
+        ("redis://localhost/0", "unknown storage 'redis'"),
+        ("study.txt", "neither a URL nor a file ending in .log (journal) or .db (SQLite)"),
+        ("sqlite://study.db", "is not an SQLite file"),
+        ("sqlite:///:memory:", "is not an SQLite file"),
+        ("postgresql://nobody@127.0.0.1:1/none", "Cannot open the study storage postgresql"),
+    ],
+)
+def test_a_bad_storage_url_is_one_clear_error(tmp_path, capsys, storage, message):
+    err = fails_clearly(capsys, tune_args(tmp_path, "--storage", storage, "--out", str(tmp_path / "out")))
+    assert message in err, err
+
+
+BOTH = ("CartPole-v1", "Acrobot-v1")
+
+
+@pytest.mark.parametrize(
+    "flags, env_ids, command, message",
+    [
+        ([], ["CartPole-v1"], ["python", "train.py"], "must be `fleetrl train ALGO [flags]`"),
+        ([], ["CartPole-v1"], [*TINY, "--seed", "3"], "Remove --seed from the command after `--`"),
+        ([], ["CartPole-v1"], [*TINY, "--no-such-flag", "1"], "is not a valid `fleetrl train ppo` command"),
+        ([], ["NoSuchEnv-v9"], TINY, "NoSuchEnv-v9"),
+        ([], BOTH, TINY, "each needs --target-scores ENV=LO,HI (e.g. random and expert returns) so their scores can be combined; missing: CartPole-v1 Acrobot-v1"),
+        (["--target-scores", "CartPole-v1=0,500", "Acrobot-v1=0,0"], BOTH, TINY, "two different finite numbers"),
+        (["--target-scores", "CartPole-v0=0,500"], BOTH, TINY, "which is not one of --env-ids"),
+        (["--parallel", "0"], ["CartPole-v1"], TINY, "--parallel must be at least 1 (training processes at once), got 0"),
+    ],
+)
+def test_bad_tuner_flags_and_commands_are_one_clear_error(tmp_path, capsys, flags, env_ids, command, message):
+    err = fails_clearly(capsys, tune_args(tmp_path, *flags, command=command, env_ids=tuple(env_ids)))
+    assert message in err, err
+
+
+def test_a_study_joined_with_another_search_space_is_refused(tmp_path, capsys):
+    storage = str(tmp_path / "study.log")
+    study = optuna.create_study(study_name="test", storage=open_storage(parse_storage(storage), 600), direction="maximize")
+    study.set_user_attr("fleetrl", {"command": ["fleetrl", "train", "ppo"]})
+    err = fails_clearly(capsys, tune_args(tmp_path, "--storage", storage, "--out", str(tmp_path / "out")))
+    assert "was run with other settings" in err and "command" in err
+
+
+# ---- Slurm --------------------------------------------------------------------------------------
+
+
+def test_slurm_template_runs_tuner_workers_on_one_shared_study(tmp_path):
+    out = tmp_path / "out"
+    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "40", "--parallel", "2", "--sampler-seed", "7", "--out", str(out), "--slurm-template",
+                                  "--slurm-workers", "3", "--slurm-cpus-per-task", "8"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    script = out / "tune.slurm"
+    text = script.read_text()
+    assert "#SBATCH --array=0-2\n" in text and "#SBATCH --cpus-per-task=8\n" in text
+    assert f"--storage {out}/study.log" in text and f"--search {tmp_path}/space.yaml" in text  # absolute: tasks start elsewhere
+    assert "--trials 40 --parallel 2" in text and "--study-name test" in text
+    assert "--sampler-seed $(( 7 + SLURM_ARRAY_TASK_ID ))" in text  # each worker its own seed
+    assert "-- fleetrl train ppo --total-timesteps 2048" in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert f"sbatch {script}" in proc.stdout
+
+    sqlite = run_fleetrl(*tune_args(tmp_path, "--storage", f"sqlite:///{tmp_path}/t.db", "--out", str(out), "--slurm-template"), timeout=120)
+    assert sqlite.returncode == 2 and "SQLite breaks on a network filesystem" in " ".join(sqlite.stderr.split())
+
+
+def test_storage_forms():
+    assert parse_storage("tune.log").kind == "journal" and parse_storage("journal:///abs/t.log").path == Path("/abs/t.log")
+    assert parse_storage("sqlite:///tune.db").path == Path("tune.db") and parse_storage("t.sqlite3").url == "sqlite:///t.sqlite3"
+    pg = parse_storage("postgres://u:secret@host/db")
+    assert pg.kind == "rdb" and pg.url.startswith("postgresql") and "secret" not in pg.shown
