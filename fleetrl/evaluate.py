@@ -39,6 +39,7 @@ RANGES = {
     "seed": config.SEED,
 }
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+VIDEO_PREFIX = "rl-video"  # the recorder's file names: rl-video-episode-{i}.mp4
 HOW = "Pass a checkpoint file (a run's checkpoints/ckpt_*.pt) or a run folder that has one."
 
 
@@ -70,6 +71,10 @@ def evaluate(args: EvalArgs) -> dict:
                 lengths.append(length)
     finally:
         envs.close()
+    if video_dir:  # the autoreset after the last episode began one more video, of its reset frame only: no episode
+        for extra in Path(video_dir).glob(f"{VIDEO_PREFIX}-episode-*.mp4"):
+            if int(extra.stem.rsplit("-", 1)[1]) >= len(returns):
+                extra.unlink()
     result = {
         "checkpoint": str(path),
         "env_id": train_args["env_id"],

@@ -31,3 +31,50 @@ def start_fleetrl(*args: str, cwd: str | Path | None = None, threads: int = 1) -
     return subprocess.Popen(
         [sys.executable, "-m", "fleetrl", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=fleetrl_env(threads)
     )
+
+
+import contextlib  # noqa: E402  (helpers appended below; the file grows at its end only)
+import signal  # noqa: E402
+import threading  # noqa: E402
+
+
+def start_fleetrl_group(*args: str, cwd: str | Path | None = None, threads: int = 1) -> subprocess.Popen:
+    """``start_fleetrl`` in a process group of its own, so that :func:`killed_on_exit` ends it with all its workers."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetrl", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        env=fleetrl_env(threads), start_new_session=True,
+    )
+
+
+@contextlib.contextmanager
+def killed_on_exit(*procs: subprocess.Popen):
+    """Kill each process's group (or the process, when it leads none) as the block ends: a failed assertion
+    leaves nothing running into the next test, not even a worker its exited leader left behind."""
+    leaders = set()
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(proc.pid) == proc.pid:
+                leaders.add(proc.pid)
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if proc.pid in leaders:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                elif proc.poll() is None:
+                    proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+
+def readline_within(proc: subprocess.Popen, timeout: float) -> str:
+    """The next line of the child's stdout, or an AssertionError after ``timeout`` s: a child that never
+    prints must not hang the test."""
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)  # a reader left blocked ends when the test kills the child (killed_on_exit)
+    if not line:
+        raise AssertionError(f"no output line from pid {proc.pid} within {timeout} s")
+    return line[0]

@@ -12,7 +12,7 @@ import pytest
 from fleetrl.errors import FleetError
 from fleetrl.tools.benchmark import Run, check_command, run_command, split_command
 
-from conftest import run_fleetrl
+from conftest import killed_on_exit, run_fleetrl
 
 TINY_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "1024"]
 # a command that only prints the arguments the runner appended, so the grid costs no training
@@ -131,6 +131,7 @@ def test_fleetrl_runs_with_this_interpreter_and_gets_threads_resume_and_the_run_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_requeued_task_resumes(tmp_path):
     import signal
     import time
@@ -153,14 +154,16 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     env = {**fleetrl_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77"}
     run_dir = out / "CartPole-v1__1"
 
-    task = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while not any(run_dir.glob("events.out.tfevents.*")) and time.time() < deadline:
-        assert task.poll() is None, task.stdout.read()
-        time.sleep(0.2)
-    time.sleep(2.0)
-    task.send_signal(signal.SIGUSR1)  # what `--signal=B:USR1@120` sends the batch shell
-    task.communicate(timeout=60)
+    task = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    with killed_on_exit(task):
+        deadline = time.time() + 120
+        while not any(run_dir.glob("events.out.tfevents.*")) and time.time() < deadline:
+            assert task.poll() is None, task.communicate(timeout=30)[0]
+            time.sleep(0.2)
+        time.sleep(2.0)
+        task.send_signal(signal.SIGUSR1)  # what `--signal=B:USR1@120` sends the batch shell
+        task.communicate(timeout=60)
     assert task.returncode == 0
     assert (tmp_path / "scontrol.calls").read_text().split() == ["requeue", "77_0"]
     log = (out / "logs" / "CartPole-v1__1.log").read_text()

@@ -5,7 +5,7 @@ import pytest
 
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import run_fleetrl, start_fleetrl
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group
 
 pytestmark = pytest.mark.slow
 
@@ -17,20 +17,23 @@ def best_rolling_mean(values, window):
     return float(np.convolve(values, np.ones(window) / window, mode="valid").max())
 
 
+@pytest.mark.timeout(1500)
 def test_ppo_solves_cartpole_with_default_hyperparameters_for_two_of_three_seeds(tmp_path):
     seeds = (1, 2, 3)
-    procs = {seed: start_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--seed", str(seed), "--torch-threads", "1",
+    procs = {seed: start_fleetrl_group("train", "ppo", "--env-id", "CartPole-v1", "--seed", str(seed), "--torch-threads", "1",
                                  "--run-dir", str(tmp_path / f"s{seed}"), "--no-cuda", "--checkpoint-every", "1000")
              for seed in seeds}
     best = {}
-    for seed, proc in procs.items():
-        out, _ = proc.communicate(timeout=1200)
-        assert proc.returncode == 0, out[-3000:]
-        returns = [p.value for p in read_scalars(tmp_path / f"s{seed}", "charts/episodic_return")]
-        best[seed] = best_rolling_mean(returns, 20)
+    with killed_on_exit(*procs.values()):
+        for seed, proc in procs.items():
+            out, _ = proc.communicate(timeout=1200)
+            assert proc.returncode == 0, out[-3000:]
+            returns = [p.value for p in read_scalars(tmp_path / f"s{seed}", "charts/episodic_return")]
+            best[seed] = best_rolling_mean(returns, 20)
     assert sum(b >= 475 for b in best.values()) >= 2, f"best rolling mean of 20 episodes per seed: {best}"
 
 
+@pytest.mark.timeout(1900)
 def test_ppo_continuous_solves_inverted_pendulum_and_eval_matches_training(tmp_path):
     pytest.importorskip("mujoco")
     run_dir = tmp_path / "ip"

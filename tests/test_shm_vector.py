@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -14,6 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
+from conftest import readline_within
 from envs_for_tests import COUNTING_LENGTH, MakeEnv  # importing it registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.envs.registry import EnvFactory
 from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
@@ -334,7 +336,7 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
     """))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
+        pids = [int(p) for p in readline_within(proc, 60).split()]
         assert len(pids) == 2
         proc.kill()  # SIGKILL: no close(), no finalizer, no atexit
         proc.wait()
@@ -343,8 +345,8 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
             time.sleep(0.1)
         assert all(gone(pid) for pid in pids), "orphaned workers must notice and exit"
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # its workers too, should the test fail before they exit
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -372,8 +374,8 @@ def test_ctrl_c_in_the_parent_stops_cleanly(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("pids"), line + proc.stdout.read()
+        line = readline_within(proc, 60)
+        assert line.startswith("pids"), line
         pids = [int(p) for p in line.split()[1:]]
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)

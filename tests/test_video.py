@@ -116,3 +116,32 @@ def test_missing_imageio_ffmpeg_names_the_pip_install(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ffmpeg)
     with pytest.raises(FleetError, match="pip install imageio-ffmpeg"):
         VideoRecorder(gym.make("CartPole-v1", render_mode="rgb_array"), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sync", "async"])
+def test_training_records_episodes_0_1_and_8_of_env_0_each_its_length_plus_one_frame(tmp_path, backend):
+    from conftest import run_fleetrl
+
+    # FixedStart-v0 episodes last 20 steps: env 0 plays 10 of them in 200 steps, and CleanRL's schedule records 0, 1 and 8
+    run_dir = tmp_path / "run"
+    proc = run_fleetrl("train", "ppo", "--env-id", "fleetrl_test_envs:FixedStart-v0", "--env-backend", backend, "--num-envs", "2",
+                       "--num-steps", "100", "--total-timesteps", "400", "--capture-video", "--run-dir", str(run_dir), "--no-cuda",
+                       timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    videos = sorted((run_dir / "videos").glob("*.mp4"))
+    assert [v.name for v in videos] == [f"rl-video-episode-{i}.mp4" for i in (0, 1, 8)]
+    for video in videos:
+        assert len(read_frames(video)) == 20 + 1, video.name
+
+
+@pytest.mark.parametrize("backend", ["ale", "envpool"])
+def test_capture_video_on_a_native_backend_is_refused_with_the_fix(tmp_path, backend):
+    pytest.importorskip("ale_py")
+    if backend == "envpool":
+        pytest.importorskip("envpool")
+    from fleetrl.envs import make_vector_env
+
+    with pytest.raises(FleetError, match="Use --env-backend sync or async"):
+        make_vector_env("BreakoutNoFrameskip-v4", 2, backend, video_dir=str(tmp_path))
+    assert not list(tmp_path.iterdir()), "refused before anything was written"

@@ -1,9 +1,11 @@
 """Atari preprocessing on gymnasium + ale-py, in-process: the standard DQN/PPO chain.
 
 Order (as in CleanRL's ppo_atari.py): noop reset -> skip 4 with max-pool -> episode statistics
--> [episodic life] -> fire reset -> [reward clipping] -> 84x84 grayscale -> stack 4. The bracketed
-ones are for training only. Statistics sit below them, so the reported return is the unclipped
-full-game score and the length counts agent steps.
+-> [episodic life] -> fire reset -> (fire after a lost life) -> [reward clipping] -> 84x84 grayscale
+-> stack 4. The bracketed ones are for training only; the parenthesised one for evaluation only, where
+it takes the steps training's reset takes after a lost life, so a game that waits for FIRE goes on as
+it did in training. Statistics sit below them, so the reported return is the unclipped full-game score
+and the length counts agent steps.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ NOOP_MAX = 30
 SCREEN_SIZE = 84
 FRAME_STACK = 4
 MAX_FRAMES_PER_EPISODE = 108_000  # 30 minutes of play, the cap on every backend
+LIFE_LOSS_STEPS = (0, 1, 2)  # what training's reset takes after a lost life: NOOP (EpisodicLife), FIRE and 2 (FireReset)
 
 
 def is_atari_id(env_id: str) -> bool:
@@ -118,6 +121,33 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
+class FireAfterLifeLoss(gym.Wrapper):
+    """Evaluation only: after a lost life, take the hidden steps training's reset takes then (episodic life's
+    NOOP, fire reset's FIRE and action 2), so a policy that never chooses FIRE plays on as in training
+    instead of idling to the frame cap. Their rewards count, as they do in training's statistics."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._lives = 0
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self._lives = self.unwrapped.ale.lives()
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self._lives:
+            for hidden in LIFE_LOSS_STEPS:
+                if terminated or truncated:
+                    break
+                obs, hidden_reward, terminated, truncated, info = self.env.step(hidden)
+                reward += hidden_reward
+        self._lives = self.unwrapped.ale.lives()
+        return obs, reward, terminated, truncated, info
+
+
 class ClipReward(gym.RewardWrapper):
     """Training only: the sign of the reward, so games with different scales share one learning rate."""
 
@@ -158,6 +188,8 @@ def make_atari(env_id: str, training: bool, sticky_actions: float | None = None,
         env = EpisodicLife(env)
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
+        if not training:
+            env = FireAfterLifeLoss(env)
     if training:
         env = ClipReward(env)
     env = Resize(env)

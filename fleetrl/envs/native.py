@@ -16,13 +16,14 @@ with the attributes ``num_envs``, ``single_observation_space``, ``single_action_
       returned obs is that same obs: the game is *not* reset, it goes on underneath (the DeepMind
       semantics). ALE's own ``episodic_life=True`` is not used because it resets the whole game on a
       lost life.
-    * **FIRE after a lost life** (training, games with FIRE): ALE presses FIRE only on a real reset,
+    * **FIRE after a lost life** (games with FIRE): ALE presses FIRE only on a real reset,
       never after a lost life, so Breakout stalls with the ball unserved until the agent presses FIRE
       (a NOOP policy loses one life and then idles until the frame cap). fleetrl therefore replaces the
       action of that env by FIRE on the next step. The gymnasium chain instead takes three hidden
       steps (NOOP, FIRE, action 2) inside its reset; here the FIRE step is a visible agent step, so the
       learner sees one transition per lost life whose executed action was FIRE, not its own.
-      Evaluation (``training=False``) presses nothing, as the gymnasium chain does.
+      Evaluation (``training=False``) presses it too, as the gymnasium chain's evaluation does: a greedy
+      policy that never chooses FIRE must not idle to the frame cap.
     * **Reward clipping** (training): ``np.sign`` of the raw reward.
     * Game over is ALE's ``terminated``; truncation is the 108,000-frame cap (frames counted from the
       end of the noop start). ``info["episode"]`` is reported only then.
@@ -37,10 +38,10 @@ with the attributes ``num_envs``, ``single_observation_space``, ``single_action_
     more (``step(action, env_id)``) to get their first obs, and puts the final obs into
     ``info["final_obs"]``. EnvPool seeds are fixed when the pool is made (``reset(seed=...)`` is
     ignored by EnvPool), so :meth:`EnvPoolVectorEnv.reset` rebuilds the pool: env ``i`` gets seed
-    ``seed + i``. For Atari, EnvPool's own ``episodic_life`` is used in training: on a lost life it
-    reports done without resetting the game, and its hidden reset step runs 0-29 NOOP frames and one
-    FIRE frame in the same game (so the game does not stall); the rewards of those few hidden frames
-    are not reported (EnvPool drops them). Rewards are clipped in Python (training only) and the
+    ``seed + i``. For Atari, EnvPool's own ``episodic_life`` is used: on a lost life it reports done
+    without resetting the game, and its hidden reset step runs 0-29 NOOP frames and one FIRE frame in
+    the same game (so the game does not stall); the rewards of those few hidden frames are not reported
+    (EnvPool drops them). Evaluation takes that reset step too, but reports no end to the caller. Rewards are clipped in Python (training only) and the
     statistics use the raw reward, counting a real game over (``info["terminated"]``, ALE's
     game-over flag) or the 27,000-agent-step cap (= 108,000 frames) as the episode end.
 
@@ -290,7 +291,7 @@ class AleVectorEnv:
 
     ``sticky_actions``: None takes the id's rule (0 for ``NoFrameskip-v4``, 0.25 for ``ALE/...-v5``).
     ``num_threads``: ALE's worker threads (0: its default), shared by the sub-pools. ``fire_on_life_loss``:
-    press FIRE on the step after a lost life (default: when training, as the gymnasium chain does). See
+    press FIRE on the step after a lost life (default: yes, in training and evaluation alike). See
     the module docstring for how episodic life and FIRE are handled.
 
     ``send``/``recv`` step groups of envs apart. ALE's own asynchronous mode can only send actions to the
@@ -332,7 +333,7 @@ class AleVectorEnv:
         action_set = _ale_action_set(self.game)
         self.single_action_space = gym.spaces.Discrete(len(action_set))
         self.fire_action = action_set.index(Action.FIRE) if Action.FIRE in action_set else None
-        fire = training if fire_on_life_loss is None else fire_on_life_loss
+        fire = True if fire_on_life_loss is None else fire_on_life_loss
         self._fire_on_life_loss = bool(fire) and self.fire_action is not None
         self._lives = np.zeros(num_envs, np.int32)
         self._pending_fire = np.zeros(num_envs, bool)
@@ -528,7 +529,7 @@ class EnvPoolVectorEnv:
                 frame_skip=atari.FRAME_SKIP,
                 noop_max=atari.NOOP_MAX,
                 use_fire_reset=True,
-                episodic_life=training,
+                episodic_life=True,  # its reset after a lost life presses FIRE; evaluation hides the end (_process)
                 reward_clip=False,  # clipped in Python, so the statistics see the raw score
                 repeat_action_probability=sticky,
                 full_action_space=False,
@@ -647,12 +648,11 @@ class EnvPoolVectorEnv:
         p = self._groups.next_to_receive(env_ids)
         lo, hi = self._groups.ranges[p]
         pool = self._pools[p]
-        obs, reward, terminated, truncated, info, local = self._process(*pool.recv(), lo)
-        ended = terminated | truncated
-        if ended.any():
+        obs, reward, terminated, truncated, info, local, restart = self._process(*pool.recv(), lo)
+        if restart.any():
             # EnvPool's next step on a done env is its reset step (reward 0, the action ignored):
             # take it now, for those envs only, so obs holds their first observation (same-step)
-            done = np.flatnonzero(ended).astype(np.int32)
+            done = np.flatnonzero(restart).astype(np.int32)
             reset_obs, *_, reset_info = pool.step(self._dummy_actions(len(done)), env_id=local[done])
             obs = np.array(obs)
             obs[np.searchsorted(local, reset_info["env_id"])] = reset_obs
@@ -662,7 +662,8 @@ class EnvPoolVectorEnv:
         return np.zeros((n, *self.single_action_space.shape), self._action_dtype)
 
     def _process(self, obs, reward, terminated, truncated, ep_info, offset: int = 0):
-        """EnvPool's step results in fleetrl's form, ordered by env id; the reset steps still to take are the caller's."""
+        """EnvPool's step results in fleetrl's form, ordered by env id, and the envs whose reset step (EnvPool's
+        done) is still to take, which is the caller's: in evaluation a lost life takes it without ending."""
         local = ep_info["env_id"]
         if len(local) > 1 and (np.diff(local) < 0).any():  # sync mode returns env order; be safe
             order = np.argsort(local)
@@ -673,10 +674,13 @@ class EnvPoolVectorEnv:
         terminated = terminated.astype(bool)
         truncated = truncated.astype(bool)
         self._stats.add(raw, ids)
+        restart = terminated | truncated
         if self.family == "atari":
             game_over = ep_info["terminated"].astype(bool)
             real_end = truncated | (terminated & game_over)
             reward = np.sign(raw) if self.training else raw
+            if not self.training:  # a lost life is no end in evaluation: the game goes on after the reset step
+                terminated = terminated & real_end
         else:
             real_end = terminated | truncated
             reward = raw
@@ -687,7 +691,7 @@ class EnvPoolVectorEnv:
             final_obs[ended] = obs[ended]
             info["final_obs"], info["_final_obs"] = final_obs, ended
             self._stats.finish(real_end, info, ids)
-        return obs, reward, terminated, truncated, info, local
+        return obs, reward, terminated, truncated, info, local, restart
 
     def _recv_first_ready(self):
         """Hold each env that ended an episode until its reset step returns, then return it same-step."""
@@ -706,9 +710,8 @@ class EnvPoolVectorEnv:
                 ep_info = {k: v[keep] for k, v in ep_info.items() if isinstance(v, np.ndarray)}
             if not len(obs):
                 continue
-            *result, ids = self._process(obs, reward, terminated, truncated, ep_info)
+            *result, ids, ended = self._process(obs, reward, terminated, truncated, ep_info)
             self._held.update(zip(ids.tolist(), _result_rows(*result)))
-            ended = result[2] | result[3]
             if ended.any():
                 done = ids[ended].astype(np.int32)
                 pool.send(self._dummy_actions(len(done)), done)
