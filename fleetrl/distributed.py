@@ -18,9 +18,11 @@ import hashlib
 import importlib
 import os
 import socket
+import sys
+import threading
 import time
 import uuid
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -32,6 +34,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from fleetrl.errors import FleetError
 
 BUCKET_BYTES = 2 * 1024 * 1024  # gradients are all-reduced in flat buckets of about this size
+WATCHDOG_MARGIN_S = 10.0  # past --dist-timeout, this much longer in one collective ends the process
 
 
 @dataclass
@@ -45,6 +48,9 @@ class Dist:
     backend: str | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     comm_phase: Any = None  # a PhaseTimer phase that times every collective
+    timeout_s: float = 300.0  # --dist-timeout
+    _waiting_since: float | None = None  # when the collective this rank waits in began
+    _watchdog: threading.Thread | None = None
 
     @property
     def enabled(self) -> bool:
@@ -54,8 +60,41 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @contextmanager
     def _timed(self):
-        return self.comm_phase if self.comm_phase is not None else nullcontext()
+        """Every blocking collective runs in here: timed, and watched. gloo does not always honour its timeout
+        when a peer's node vanishes (a SIGKILLed node 1 left rank 0 waiting in an all-reduce for good), so a
+        watchdog thread ends this process once a collective has waited ``--dist-timeout`` plus a margin."""
+        if self.enabled and self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="fleetrl-dist-watchdog", daemon=True)
+            self._watchdog.start()
+        self._waiting_since = time.monotonic()
+        try:
+            with self.comm_phase if self.comm_phase is not None else nullcontext():
+                yield
+        except RuntimeError as exc:  # gloo/NCCL: a peer's connection reset, or the collective's timeout
+            if not self.enabled:
+                raise
+            raise FleetError(
+                f"Rank {self.rank} lost the other ranks in a collective: {str(exc).strip().splitlines()[0][:300]} "
+                f"A rank or its node died or stopped answering (within --dist-timeout {self.timeout_s:g} s). The newest "
+                f"checkpoint is intact: restart the job with --resume auto, or launch with torchrun --max-restarts to do it "
+                f"automatically. If a rank is only slow (a long checkpoint write, a slow env step), raise --dist-timeout."
+            ) from None
+        finally:
+            self._waiting_since = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            since = self._waiting_since
+            if since is not None and time.monotonic() - since > self.timeout_s + WATCHDOG_MARGIN_S:
+                print(f"fleetrl: error: rank {self.rank} waited {time.monotonic() - since:.0f} s for the other ranks in a collective, "
+                      f"past --dist-timeout {self.timeout_s:g} s: a rank or its node is gone or stuck. This process stops now; "
+                      f"the newest checkpoint is intact, so restart the job with --resume auto (or use torchrun --max-restarts). "
+                      f"If a rank is only slow (a long checkpoint write, a slow env step), raise --dist-timeout.",
+                      file=sys.stderr, flush=True)
+                os._exit(1)  # a thread cannot interrupt the blocked C++ wait; nothing is left to lose: checkpoints are atomic
 
     # --- collectives; each is a no-op at world size 1 ---
 
@@ -114,7 +153,8 @@ class Dist:
         if not self.enabled:
             return obj
         box = [obj if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, device=self.device if self.backend == "nccl" else None)
+        with self._timed():
+            dist.broadcast_object_list(box, src=0, device=self.device if self.backend == "nccl" else None)
         return box[0]
 
     def check_replicas_identical(self, module: torch.nn.Module) -> str:
@@ -227,7 +267,7 @@ def init_distributed(cuda: bool, backend: str | None = None, timeout_s: float = 
         timeout=timeout,
         device_id=device if backend == "nccl" else None,
     )
-    return Dist(rank, world_size, local_rank, local_world_size, backend, device)
+    return Dist(rank, world_size, local_rank, local_world_size, backend, device, timeout_s=timeout_s)
 
 
 def place_rank(gpus: int, local_rank: int, local_world_size: int, backend: str | None) -> tuple[torch.device, str]:
