@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fleetrl import checkpoint, config, runtime
-from fleetrl.distributed import Dist, init_distributed, rank_seed, split_evenly
+from fleetrl.distributed import Dist, init_distributed, launched_by_torchrun, rank_seed, split_evenly
 from fleetrl.envs import EnvFamily, env_family
 from fleetrl.errors import FleetError
 
@@ -74,7 +74,8 @@ class Run:
     @classmethod
     def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[..., None], algo: str = "") -> "Run":
         """``algo``: the algorithm's name (``fleetrl train ALGO``); a checkpoint written by another is refused."""
-        config.check_ranges(args, {"dist_timeout": DIST_TIMEOUT})  # needed before validate: joining the job uses it
+        if launched_by_torchrun():  # joining the job uses it, before validate names every bad flag
+            config.check_ranges(args, {"dist_timeout": DIST_TIMEOUT})
         dist = init_distributed(args.cuda, args.dist_backend, args.dist_timeout)
         try:
             return cls._start(args, explicit, family_defaults, validate, dist, algo)
