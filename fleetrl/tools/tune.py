@@ -553,12 +553,14 @@ def open_storage(spec: StorageSpec, stale_after: float):
         engine_kwargs = {"connect_args": {"timeout": 60}} if spec.kind == "sqlite" else {"pool_pre_ping": True}
         for attempt in range(5):  # tuners that create the tables at the same moment can collide; the loser retries
             try:
-                with warnings.catch_warnings():
+                # SQLite: tuners on this machine create the tables one at a time (the study's file lock); two at once
+                # raced in Optuna's schema setup (UNIQUE constraint failed: alembic_version.version_num)
+                with _file_lock(Path(f"{spec.path}.fleetrl-lock") if spec.kind == "sqlite" else None), warnings.catch_warnings():
                     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat is "experimental"
                     return optuna.storages.RDBStorage(spec.url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval(stale_after),
                                                       grace_period=int(stale_after), heartbeat_stale_trial_callback=requeue_stale)
             except Exception as exc:  # noqa: BLE001 - sqlalchemy's OperationalError/IntegrityError, or a refused connection
-                if attempt == 4 or "already exists" not in str(exc) and "duplicate key" not in str(exc) and "locked" not in str(exc):
+                if attempt == 4 or not any(race in str(exc) for race in ("already exists", "duplicate key", "locked", "UNIQUE constraint")):
                     raise
                 time.sleep(0.5 + attempt)
     except FleetError:
@@ -569,6 +571,19 @@ def open_storage(spec: StorageSpec, stale_after: float):
                 "sqlite": "Check that the folder exists and can be written (and is not on a network filesystem: use a journal file there).",
                 "journal": "Check that the folder can be written."}[spec.kind]
         raise FleetError(f"Cannot open the study storage {spec.shown}: {type(exc).__name__}: {first} {hint}") from None
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path | None):
+    """An exclusive lock on ``path`` for the block (none when ``path`` is None); released if the process dies."""
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def heartbeat_interval(stale_after: float) -> int:
@@ -594,10 +609,7 @@ class StudyLock:
     def held(self):
         with self._thread_lock:
             if self._lock_path is not None:
-                import fcntl
-
-                with open(self._lock_path, "a") as f:
-                    fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+                with _file_lock(self._lock_path):
                     yield
             elif self._spec.url.startswith("postgresql"):
                 from sqlalchemy import text
