@@ -38,6 +38,7 @@ from fleetrl.errors import FleetError
 CHECKPOINT_DIR = "checkpoints"
 FORMAT = 2  # 2: a manifest with a checksum and a write sequence beside every checkpoint
 _NAME = re.compile(r"ckpt_(\d+)\.pt")
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 
 
 class CheckpointWriteError(FleetError):
@@ -206,10 +207,11 @@ def _load_verified(path: Path) -> dict[str, Any]:
             raise _Unusable("it is corrupt: its sha256 does not match its manifest.")
     elif _NAME.fullmatch(path.name) and (path.parent.name == CHECKPOINT_DIR):
         print(f"fleetrl: warning: {path} has no manifest ({manifest.name}), so its checksum cannot be verified.", file=sys.stderr, flush=True)
+    how = "Pass a checkpoint file (a run's checkpoints/ckpt_*.pt) or a run folder that has one."
     if not data:
-        raise _Unusable("it is empty.")
-    if not data.startswith(b"PK"):  # torch.save writes a zip archive
-        raise _Unusable("it is not a checkpoint (not the zip archive torch.save writes); it may be corrupt or truncated.")
+        raise FleetError(f"{path} is empty, not a fleetrl checkpoint. {how}")
+    if not data.startswith(ZIP_MAGIC):
+        raise FleetError(f"{path} is not a fleetrl checkpoint (it is not a file written by torch.save). {how}")
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

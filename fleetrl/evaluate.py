@@ -38,7 +38,6 @@ RANGES = {
     "episodes": config.count("how many episodes to run"),
     "seed": config.SEED,
 }
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 VIDEO_PREFIX = "rl-video"  # the recorder's file names: rl-video-episode-{i}.mp4
 HOW = "Pass a checkpoint file (a run's checkpoints/ckpt_*.pt) or a run folder that has one."
 
@@ -100,7 +99,6 @@ def load(source: str) -> tuple[dict, Path]:
         state, path = checkpoint.load_checkpoint_and_path(source)
     else:
         path = checkpoint.resolve_checkpoint(source)
-        check_is_checkpoint_file(path)
         state = checkpoint.load_checkpoint(path)
     train_args = state["args"]
     if not isinstance(train_args, dict) or not isinstance(train_args.get("env_id"), str) or state.get("algo", "ppo") not in ALGOS:
@@ -110,16 +108,3 @@ def load(source: str) -> tuple[dict, Path]:
     except (KeyError, TypeError, ValueError, RuntimeError):
         raise FleetError(f"{path} is not a fleetrl checkpoint (it has no global step). {HOW}") from None
     return state, path
-
-
-def check_is_checkpoint_file(path: Path) -> None:
-    """Refuse a file that is not a checkpoint (text, empty, another format) before torch reads it."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(ZIP_MAGIC))
-    except OSError as exc:
-        raise FleetError(f"Cannot read the checkpoint {path}: {exc.strerror or exc}. {HOW}") from None
-    if not head:
-        raise FleetError(f"{path} is empty, not a fleetrl checkpoint. {HOW}")
-    if head != ZIP_MAGIC:
-        raise FleetError(f"{path} is not a fleetrl checkpoint (it is not a file written by torch.save). {HOW}")
