@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch._utils import _unflatten_dense_tensors
 
 from fleetrl.errors import FleetError
 
@@ -136,7 +136,8 @@ class Dist:
                 dist.broadcast(tensor.data, src=0)
 
     def gradient_sync(self, params: Iterable[torch.nn.Parameter]) -> "GradientSync":
-        """Averages gradients over ranks, starting each bucket's all-reduce during the backward pass."""
+        """Averages the gradients of ``params`` over ranks; one per optimiser. Run backward as ``sync.backward(loss)``
+        to overlap the all-reduce with it, then ``sync.finish()`` before the optimiser's step."""
         return GradientSync(self, list(params))
 
     def gather_objects(self, obj: Any) -> list[Any]:
@@ -175,13 +176,21 @@ class Dist:
 
 
 class GradientSync:
-    """Gradient averaging that overlaps communication with the backward pass.
+    """Averages the gradients of one optimiser's parameters over ranks, overlapping backward.
 
-    Parameters are grouped, in the order backward produces their gradients, into flat buckets of
-    about ``BUCKET_BYTES``. A hook fires when a parameter's gradient is ready; when a bucket is
-    complete its all-reduce starts asynchronously while backward goes on through earlier layers.
-    :meth:`finish` waits for them (the timed ``comm`` phase is only that wait) and returns the
-    ``extra`` scalars averaged over ranks. At world size 1 it does nothing.
+    ``sync.backward(loss)`` runs ``loss.backward()`` with this sync's hooks armed: parameters are
+    grouped, in the order backward produces their gradients, into flat buckets of about
+    ``BUCKET_BYTES``, and a complete bucket's all-reduce starts while backward goes on through
+    earlier layers. :meth:`finish` waits for them (the timed ``comm`` phase is only that wait),
+    reduces whatever did not start, and returns the ``extra`` scalars averaged over ranks.
+
+    Whatever backward passes ran, ``finish`` leaves in each ``.grad`` the mean over ranks of that
+    ``.grad`` as it stands then: gradients accumulated over several backward passes are averaged
+    together. A backward run through these parameters by another loss (SAC's actor loss through
+    the critic) or a plain ``loss.backward()`` starts no all-reduce, and a bucket that gains a
+    gradient after its all-reduce started is reduced again from ``.grad`` at ``finish``. The
+    hooks fire in the same order on every rank, so the ranks issue the same collectives in the
+    same order. At world size 1 it does nothing.
     """
 
     def __init__(self, dist_: Dist, params: list[torch.nn.Parameter]):
@@ -196,32 +205,55 @@ class GradientSync:
             self.buckets[-1].append(p)
             size += p.numel() * p.element_size()
         self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
-        self._ready = [0] * len(self.buckets)
-        self._pending: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._armed = False  # True only inside self.backward: other backward passes start no all-reduce
+        self._ready = [0] * len(self.buckets)  # gradients produced by the current armed backward, per bucket
+        self._pending: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket -> (started all-reduce, its flat buffer)
+        self._stale: set[int] = set()  # started buckets that gained a gradient since: reduce again at finish
         if dist_.enabled:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, starting each complete bucket's all-reduce as its gradients are ready."""
+        if not self.dist.enabled:
+            loss.backward()
+            return
+        self._ready = [0] * len(self.buckets)
+        self._armed = True
+        try:
+            loss.backward()
+        finally:
+            self._armed = False
+
     def _grad_ready(self, p: torch.nn.Parameter) -> None:
         b = self._bucket_of[id(p)]
-        self._ready[b] += 1
-        if self._ready[b] == len(self.buckets[b]):
-            self._launch(b)
+        if b in self._pending:  # its all-reduce already read .grad, which has just changed
+            self._stale.add(b)
+        elif self._armed:
+            self._ready[b] += 1
+            if self._ready[b] == len(self.buckets[b]):
+                self._launch(b)
 
     def _launch(self, b: int) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[b]]
-        flat = _flatten_dense_tensors(grads)
+        # a copy, always (_flatten_dense_tensors returns a one-tensor bucket's .grad itself): a later backward may add to .grad
+        # while the all-reduce is in flight
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.buckets[b]])
         self._pending[b] = (dist.all_reduce(flat, async_op=True), flat)
 
-    def finish(self, extra: torch.Tensor) -> torch.Tensor:
+    def finish(self, extra: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Replace every gradient by its mean over ranks; return ``extra`` (scalars) averaged over ranks too."""
         if not self.dist.enabled:
             return extra
         with self.dist._timed():
+            for b in sorted(self._stale):  # every rank saw the same hooks, so every rank re-reduces the same buckets
+                self._pending.pop(b)[0].wait()
             for b in range(len(self.buckets)):
-                if b not in self._pending:  # a parameter the loss did not use: no hook fired
+                if b not in self._pending:  # a parameter no armed backward used, or a stale bucket
                     self._launch(b)
-            extra = extra.detach().to(torch.float64).clone()
-            dist.all_reduce(extra)
+            if extra is not None:
+                extra = extra.detach().to(torch.float64).clone()
+                dist.all_reduce(extra)
+                extra /= self.dist.world_size
             for b, (work, flat) in self._pending.items():
                 work.wait()
                 flat /= self.dist.world_size
@@ -232,8 +264,8 @@ class GradientSync:
                     else:
                         p.grad.copy_(reduced)
         self._pending.clear()
-        self._ready = [0] * len(self.buckets)
-        return extra / self.dist.world_size
+        self._stale.clear()
+        return extra
 
 
 def launched_by_torchrun() -> bool:
