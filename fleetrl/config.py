@@ -16,8 +16,14 @@ from fleetrl.errors import FleetError
 A = TypeVar("A")
 
 
-def apply_family_defaults(args: A, table: dict[str, dict[str, Any]], family: str) -> A:
-    """Fill every field the user left unset (None) with the default for the env family."""
+def apply_family_defaults(args: A, table: dict[str, dict[str, Any]], family: str, algo: str = "") -> A:
+    """Fill every field the user left unset (None) with the default for the env family; a family the
+    algorithm has no defaults for (DQN on MuJoCo) is refused."""
+    if family not in table:
+        name = algo.upper() or "This algorithm"
+        raise FleetError(f"{name} does not train {family} environments ({args.env_id!r}): it has defaults and networks for "
+                         f"{', '.join(table)} only. Choose an env of those families, or another algorithm "
+                         f"(`fleetrl train ppo` trains every family).")
     unset = {k: v for k, v in table[family].items() if getattr(args, k) is None}
     return dataclasses.replace(args, **unset)
 

@@ -23,11 +23,13 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 
     return layer
 
 
-def mlp(in_dim: int, out_dim: int, out_std: float, hidden: tuple[int, ...] = (64, 64)) -> nn.Sequential:
-    """Tanh MLP with CleanRL's initialisation: √2 gain inside, ``out_std`` on the last layer."""
+def mlp(in_dim: int, out_dim: int, out_std: float, hidden: tuple[int, ...] = (64, 64),
+        activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
+    """An MLP with CleanRL's initialisation: √2 gain inside, ``out_std`` on the last layer. PPO's is Tanh;
+    DQN, SAC and TD3 pass ``nn.ReLU``."""
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [layer_init(nn.Linear(in_dim, width)), nn.Tanh()]
+        layers += [layer_init(nn.Linear(in_dim, width)), activation()]
         in_dim = width
     layers.append(layer_init(nn.Linear(in_dim, out_dim), std=out_std))
     return nn.Sequential(*layers)

@@ -29,15 +29,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from fleetrl import checkpoint, config, runtime
+from fleetrl.args import DIST_TIMEOUT
 from fleetrl.distributed import Dist, init_distributed, launched_by_torchrun, rank_seed, split_evenly
-from fleetrl.envs import EnvFamily, env_family
-from fleetrl.errors import FleetError
+from fleetrl.envs import EnvFamily, env_family, make_vector_env
+from fleetrl.envs.spaces import check_spaces
+from fleetrl.errors import FleetError, NonFiniteLossError
+from fleetrl.monitor.trainlog import TrainLog
 
 IMAGE_FAMILIES = ("atari", "procgen")  # the families trained with a CNN; the others with small MLPs (for the thread plan)
 MAX_FAILED_CHECKPOINTS = 3  # checkpoint writes that may fail in a row before the run stops
-DIST_TIMEOUT = config.Range("seconds a collective waits for a missing rank", low=0, low_open=True, high=1e9)
 STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
 
 
@@ -69,6 +72,7 @@ class Run:
     _env_shapes: tuple | None = None
     _failed_writes: int = 0
     _signal: int | None = None  # the stop signal received, if any
+    _log: TrainLog | None = None
     _old_handlers: dict = field(default_factory=dict)
 
     @classmethod
@@ -100,7 +104,7 @@ class Run:
             args = config.merge_resumed_args(args, resumed["args"], explicit | {"resume", "run_dir"})
             args.run_dir = args.run_dir or resumed["args"]["run_dir"]
         family = env_family(args.env_id)
-        args = config.apply_family_defaults(args, family_defaults, family.name)
+        args = config.apply_family_defaults(args, family_defaults, family.name, algo)
         validate(args, dist.world_size)
         local_num_envs = split_evenly(args.num_envs, dist.world_size, "The number of environments", "--num-envs")
         if dist.is_main and args.run_dir is None:
@@ -125,6 +129,36 @@ class Run:
         run.device = dist.device if dist.enabled else runtime.pick_device(args.cuda, warn="cuda" in explicit and dist.is_main)
         run._catch_stop_signals()
         return run
+
+    # ---------------------------------------------------------------- envs and logging
+    def make_envs(self, **options: Any) -> Any:
+        """This rank's training envs (``run.local_num_envs`` of them), closed with the run; their spaces are checked
+        for the algorithm and their shapes kept, so a checkpoint from another env is refused. ``options`` go to
+        :func:`fleetrl.envs.make_vector_env` (PPO's sampler passes ``async_batch`` and ``split``)."""
+        args = self.args
+        envs = self.closing(make_vector_env(
+            args.env_id, self.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=self.family,
+            cores=self.cores, verbose=self.dist.is_main, threads=self.threads,
+            max_restarts=args.max_env_restarts, env_timeout=args.env_timeout,  # a crashed or hung env worker is restarted
+            video_dir=f"{args.run_dir}/videos" if args.capture_video and self.dist.is_main else None, **options))
+        check_spaces(args.env_id, envs.single_observation_space, envs.single_action_space, self.algo)
+        self.check_env(envs.single_observation_space.shape, envs.single_action_space.shape)  # a resumed checkpoint must fit
+        return envs
+
+    def start_logging(self, envs: Any, num_iterations: int, steps_per_iteration: int, notes: dict[str, str] | None = None) -> TrainLog:
+        """TensorBoard (rank 0), the progress display, phase timing and resource sampling, all closed with the run;
+        ``log.iteration(...)`` ends each iteration (fleetrl/monitor/trainlog.py)."""
+        self._log = TrainLog(self, envs, num_iterations, steps_per_iteration, notes)
+        return self._log
+
+    def check_finite(self, losses: Any, iteration: int, global_step: int) -> None:
+        """Stop the run, without saving, when a loss became NaN or inf (one host sync: call it once an iteration)."""
+        bad = losses[~torch.isfinite(losses)]
+        if len(bad):
+            raise NonFiniteLossError(
+                f"The loss became non-finite ({bad[0].item()}) at iteration {iteration} (global step {global_step}); "
+                f"the run stopped without saving. The last good checkpoint is {self.last_checkpoint or 'none (none was written yet)'}. "
+                f"Lower the learning rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations.")
 
     # ---------------------------------------------------------------- teardown
     def __enter__(self) -> "Run":
@@ -194,7 +228,9 @@ class Run:
 
     def restore(self) -> None:
         """Put a resumed run's registered states and RNG streams back. Call it right before the first iteration,
-        after everything that draws random numbers during setup, so the streams continue exactly."""
+        after everything that draws random numbers during setup, so the streams continue exactly. SPS counts from here."""
+        if self._log is not None:
+            self._log.start_clock()
         if self.resumed is None:
             return
         for name, obj in self._shared.items():

@@ -13,7 +13,6 @@ Differences from CleanRL, each on purpose:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -21,14 +20,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl import checkpoint, config
+from fleetrl import config
 from fleetrl.accel import autocast, check_precision, choose_accel
-from fleetrl.distributed import Dist, split_evenly
-from fleetrl.envs import make_vector_env
-from fleetrl.envs.spaces import check_spaces
-from fleetrl.errors import FleetError, NonFiniteLossError
-from fleetrl.monitor import Logger, PhaseTimer, Progress, ResourceSampler, TrainResult, describe_usage
-from fleetrl.run import DIST_TIMEOUT, Run
+from fleetrl.args import COMMON_RANGES, CommonArgs, validate_common
+from fleetrl.distributed import Dist
+from fleetrl.errors import FleetError
+from fleetrl.monitor import TrainResult
+from fleetrl.policy import policy_fn
+from fleetrl.run import Run
 from fleetrl.nets import (
     ImpalaCNN,
     NatureCNN,
@@ -39,7 +38,6 @@ from fleetrl.nets import (
     gaussian_sample,
     layer_init,
     mlp,
-    network_input,
 )
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
 from fleetrl.sampling.sampler import Sampler, check_sampling_flags, local_async_batch
@@ -47,33 +45,18 @@ from fleetrl.sampling.sampler import Sampler, check_sampling_flags, local_async_
 
 # ============================================================================ arguments
 @dataclass
-class Args:
+class Args(CommonArgs):
+    """CleanRL's flags (experiment, then PPO's), then the engine's (fleetrl/args.py); None: the env family's default."""
+
     exp_name: str = "ppo"
     """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be used when available"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "fleetrl"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """whether to capture videos of the agent performances (check out `videos` folder)"""
-
-    # Algorithm specific arguments; None means "the default for the env family" (see FAMILY_DEFAULTS)
-    env_id: str = "CartPole-v1"
-    """the id of the environment (`module.path:EnvId-v0` imports your module first)"""
     total_timesteps: int | None = None
     """total timesteps of the experiments [500k classic control, 10M Atari, 1M MuJoCo]"""
-    learning_rate: float | None = None
-    """the learning rate of the optimizer [2.5e-4; MuJoCo 3e-4]"""
     num_envs: int | None = None
     """the number of parallel game environments [4; Atari 8; MuJoCo 1]"""
+    # Algorithm specific arguments; None means "the default for the env family" (see FAMILY_DEFAULTS)
+    learning_rate: float | None = None
+    """the learning rate of the optimizer [2.5e-4; MuJoCo 3e-4]"""
     num_steps: int | None = None
     """the number of steps to run in each environment per policy rollout [128; MuJoCo 2048]"""
     anneal_lr: bool = True
@@ -100,10 +83,10 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """the target KL divergence threshold"""
+    normalize: bool | None = None
+    """normalise observations and rewards with running statistics [on for MuJoCo, off otherwise]"""
 
     # fleetrl: engine settings
-    env_backend: str = "auto"
-    """vector backend: auto (chosen and explained at start), sync, async (worker processes), ale, envpool, gym-sync"""
     async_batch: int | None = None
     """return the first K ready envs each step (dynamic scheduling: a slow env does not idle the rest); = --num-envs: the serial loop [unset: two env groups take turns where the backend steps in the background, docs/sampling.md]"""
     policy_lag: int = 0
@@ -114,46 +97,23 @@ class Args:
     """network precision: fp32, bf16 (autocast around the network only), or auto (bf16 where native and measured faster)"""
     compile: bool = False
     """wrap the learner step (loss, forward and backward) in torch.compile; falls back to eager with a warning if it fails"""
-    sticky_actions: float | None = None
-    """Atari sticky-action probability [0 for NoFrameskip-v4 ids, 0.25 for ALE/...-v5]"""
-    run_dir: str | None = None
-    """where logs and checkpoints go [runs/{env_id}__{exp_name}__{seed}__{timestamp}]"""
-    checkpoint_every: int = 50
-    """write a checkpoint every this many iterations (and always at the end)"""
-    keep_checkpoints: int = 3
-    """how many of the newest checkpoints to keep"""
-    resume: str | None = None
-    """a checkpoint file or run folder to continue from; `auto` resumes the newest checkpoint in --run-dir if there is one"""
-    torch_threads: int | None = None
-    """torch CPU threads for this process [cores / processes on this machine]"""
-    progress: bool = True
-    """show the progress display (a live bar on a terminal, plain lines otherwise)"""
-    dist_backend: str | None = None
-    """torch.distributed backend under torchrun [nccl on CUDA, gloo on CPU]"""
-    dist_timeout: float = 300.0
-    """seconds a collective waits for a missing rank before the job fails (keep it above a checkpoint write)"""
-    max_env_restarts: int = 10
-    """env worker processes (async backend) that may crash or hang and be restarted in one run before it stops"""
-    env_timeout: float = 60.0
-    """seconds an env worker may take to answer before it counts as hung and is restarted (0: wait forever)"""
 
 
 FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.py
     "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
     "atari": dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01),
-    "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0),
+    "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0, normalize=True),
     "procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, num_minibatches=8, update_epochs=3, clip_coef=0.2, ent_coef=0.01, gamma=0.999),
 }
 for _defaults in FAMILY_DEFAULTS.values():
     _defaults.setdefault("gamma", 0.99)
+    _defaults.setdefault("normalize", False)
 
 
 # what each numeric flag accepts (after the family defaults are filled), checked before anything starts
 RANGES = {
-    "seed": config.SEED,
-    "total_timesteps": config.count("the environment steps to train for"),
+    **COMMON_RANGES,
     "learning_rate": config.positive("the optimizer's step size", config.COEF_MAX),
-    "num_envs": config.count("parallel environments, over all processes"),
     "num_steps": config.count("steps each env takes per rollout"),
     "gamma": config.fraction("the discount factor"),
     "gae_lambda": config.fraction("the GAE lambda"),
@@ -167,25 +127,15 @@ RANGES = {
                                  hint="Leave it out to never stop early."),
     "async_batch": config.count("envs returned per step", optional=True, hint="Leave it out for the default sampling."),
     "policy_lag": config.count("0: every rollout uses the newest weights; 1: one update behind", low=0, high=1),
-    "sticky_actions": config.fraction("the Atari sticky-action probability", optional=True),
-    "checkpoint_every": config.count("iterations between checkpoints"),
-    "keep_checkpoints": config.count("newest checkpoints kept"),
-    "torch_threads": config.count("torch CPU threads", high=1024, optional=True, hint="Leave it out to use the thread plan."),
-    "dist_timeout": DIST_TIMEOUT,
-    "max_env_restarts": config.count("env worker restarts allowed in one run", low=0),
-    "env_timeout": config.Range("seconds an env worker may take to answer; 0: wait forever", low=0, high=1e9),
 }
 
 
 def validate(args: Args, world_size: int = 1) -> None:
     """Refuse a configuration that cannot run, before anything starts. ``world_size``: the torchrun
     processes, each of which holds ``--num-envs / world_size`` envs and splits its own batch into minibatches."""
-    config.check_ranges(args, RANGES)
-    if args.run_dir is not None and not args.run_dir.strip():
-        raise FleetError("--run-dir is empty: give the folder for the logs and checkpoints, or leave it out for "
-                         "runs/{env_id}__{exp_name}__{seed}__{timestamp}.")
+    validate_common(args, world_size, RANGES)
     check_precision(args.precision)
-    local_num_envs = split_evenly(args.num_envs, world_size, "The number of environments", "--num-envs")
+    local_num_envs = args.num_envs // world_size
     batch_size, local_batch_size = args.num_envs * args.num_steps, local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches:
         held = (f"Each of the {world_size} processes holds (--num-envs {args.num_envs} / {world_size}) x --num-steps {args.num_steps} = "
@@ -247,13 +197,6 @@ class Agent(nn.Module):
         with autocast(x.device.type, self.compute_dtype):
             return self.critic(self.trunk(x)).float().squeeze(-1)
 
-    def act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Stochastic evaluation: sample an action; return it with its log-probability and the value.
-        (Training rollouts sample in the engine, fleetrl/sampling/acting.py, from the same forward.)"""
-        out, value = self(x)
-        action, logprob = gaussian_sample(out, self.actor_logstd) if self.continuous else categorical_sample(out)
-        return action, logprob, value
-
     def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Update: log-probability and entropy of the taken actions, and the value."""
         out, value = self(x)
@@ -263,10 +206,13 @@ class Agent(nn.Module):
             logprob, entropy = categorical_logprob_entropy(out, action)
         return logprob, entropy, value
 
-    def deterministic_action(self, x: torch.Tensor) -> torch.Tensor:
-        """Evaluation: the Gaussian mean, or the most likely discrete action."""
+    def act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """The policy interface (fleetrl/policy.py), for evaluation: the Gaussian mean or the most likely action, or a
+        sample. (Training rollouts sample in the engine, fleetrl/sampling/acting.py, from the same forward.)"""
         out, _ = self(x)
-        return out if self.continuous else out.argmax(-1)
+        if deterministic:
+            return out if self.continuous else out.argmax(-1)
+        return (gaussian_sample(out, self.actor_logstd) if self.continuous else categorical_sample(out))[0]
 
 
 # ============================================================================ loss
@@ -325,15 +271,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         num_iterations = args.total_timesteps // batch_size
 
         async_batch = local_async_batch(args, run.local_num_envs)  # None: every env each step
-        envs = run.closing(make_vector_env(
-            args.env_id, run.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=family,
-            async_batch=async_batch, cores=run.cores, verbose=dist.is_main, threads=run.threads,
-            split=async_batch is None,  # auto probes the backends as the sampler will step them
-            max_restarts=args.max_env_restarts, env_timeout=args.env_timeout,  # a crashed or hung env worker is restarted
-            video_dir=f"{args.run_dir}/videos" if args.capture_video and dist.is_main else None))
-        check_spaces(args.env_id, envs.single_observation_space, envs.single_action_space, "ppo")  # what PPO can take
+        envs = run.make_envs(async_batch=async_batch, split=async_batch is None)  # auto probes backends as the sampler steps them
         obs_shape = envs.single_observation_space.shape
-        run.check_env(obs_shape, envs.single_action_space.shape)  # a resumed checkpoint must fit this env
         agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
         dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
         accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
@@ -342,39 +281,21 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=agent, optimizer=optimizer)  # what checkpoints hold, besides every rank's RNG streams
-        # continuous control normalises observations and rewards in the trainer: one set of statistics for
-        # all envs of all ranks (their sums are all-reduced every step, or once an iteration with --policy-lag 1)
-        obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if family.continuous else None
-        reward_norm = RewardNormalizer(run.local_num_envs, args.gamma, dist.allreduce_sum_np) if family.continuous else None
-        if family.continuous:
+        # --normalize (MuJoCo's default): one set of observation and reward statistics for all envs of all ranks
+        # (their sums are all-reduced every step, or once an iteration with --policy-lag 1)
+        obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if args.normalize else None
+        reward_norm = RewardNormalizer(run.local_num_envs, args.gamma, dist.allreduce_sum_np) if args.normalize else None
+        if args.normalize:
             run.register(obs_rms=obs_norm.rms, reward_rms=reward_norm.rms)
-
-        # only rank 0 writes logs; a resumed run's curves continue after its checkpoint (later points are purged)
-        global_step = run.global_step
-        logger = run.closing(Logger(args.run_dir, enabled=dist.is_main, purge_step=global_step + 1 if run.resumed else None,
-                                    track=args.track, wandb_project=args.wandb_project_name, wandb_entity=args.wandb_entity, config=args))
-        logger.hparams(args)
-        logger.text("env_backend", f"{envs.backend}: {envs.backend_reason}")
-        logger.text("precision", f"{accel.label}: {accel.reason}")
-        logger.text("thread_plan", envs.thread_plan)
-        if dist.is_main:
-            print(f"fleetrl ppo: {args.env_id} ({family.name}), {num_iterations} iterations of {batch_size} steps"
-                  f"{f' over {dist.world_size} processes' if dist.enabled else ''}; logs in {args.run_dir}", flush=True)
-        progress = run.closing(Progress(num_iterations * batch_size, global_step, enabled=args.progress and dist.is_main))
-        timer = PhaseTimer(distributed=dist.enabled)
-        resources = ResourceSampler(interval=1.0, enabled=dist.is_main)  # CPU, memory, GPU of this process tree
-        run.closing(resources.start(), close=resources.stop)
-        dist.comm_phase = timer.comm
-        result = TrainResult(args.run_dir)
+        log = run.start_logging(envs, num_iterations, batch_size, notes={"precision": f"{accel.label}: {accel.reason}"})
 
         # the rollout engine: acting weights, sampling RNG, buffers; serial, split, first-ready or one update behind
-        sampler = run.closing(Sampler(envs, agent, args.num_steps, device=device, seed=run.seed, env_seed=run.env_seed, timer=timer,
+        sampler = run.closing(Sampler(envs, agent, args.num_steps, device=device, seed=run.seed, env_seed=run.env_seed, timer=log.timer,
                                       actor_device=args.actor_device, policy_lag=args.policy_lag, async_batch=async_batch,
-                                      obs_norm=obs_norm, reward_norm=reward_norm, global_step=global_step, global_envs=args.num_envs,
+                                      obs_norm=obs_norm, reward_norm=reward_norm, global_step=run.global_step, global_envs=args.num_envs,
                                       verbose=dist.is_main))  # closing it stops its thread and closes the envs
         run.register_per_rank(actor=sampler)  # each rank's sampling noise
         run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
-        start_time, start_step = time.perf_counter(), global_step
 
         for iteration in range(run.start_iteration + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -383,14 +304,13 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
 
             # ---------------------------------------------------------------- rollout
             buffer = sampler.collect()  # num_steps x num_envs transitions (fleetrl/sampling/sampler.py, docs/sampling.md)
-            global_step, episodes = buffer.global_step, buffer.episodes  # episodes: (global step, return, length) on this rank
 
             # ---------------------------------------------------------------- advantage
-            with timer.learn:
+            with log.timer.learn:
                 buffer.compute_advantages(buffer.last_values, args.gamma, args.gae_lambda)
 
             # ---------------------------------------------------------------- update
-            with timer.learn:
+            with log.timer.learn:
                 agent.train()
                 batch = {k: v.to(device) for k, v in buffer.flat().items()}
                 clipfracs, losses = [], []
@@ -401,8 +321,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                         mb = {k: v[start : start + local_minibatch_size] for k, v in shuffled.items()}
                         loss, stats = loss_fn(agent, mb, args, dist)
                         optimizer.zero_grad()
-                        loss.backward()
-                        # wait for the gradients averaged over ranks; the loss and KL too, so every rank decides alike
+                        grad_sync.backward(loss)  # under torchrun, gradients are averaged over ranks as backward goes
+                        # wait for the averaged gradients; the loss and KL too, so every rank decides alike
                         loss_and_kl = grad_sync.finish(torch.stack([loss.detach(), stats["approx_kl"]]))
                         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                         optimizer.step()
@@ -411,77 +331,25 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
 
                     if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
                         break
-                losses = torch.stack(losses)
-                if not torch.isfinite(losses).all():  # read once an iteration: no host sync per minibatch on a GPU
-                    raise NonFiniteLossError(
-                        f"The loss became non-finite ({losses[~torch.isfinite(losses)][0].item()}) at iteration {iteration} (global step {global_step}); "
-                        f"the run stopped without saving. The last good checkpoint is {run.last_checkpoint or 'none (none was written yet)'}. "
-                        f"Lower --learning-rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations."
-                    )
+                run.check_finite(torch.stack(losses), iteration, buffer.global_step)  # once an iteration: no host sync per minibatch
             sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
 
             # ---------------------------------------------------------------- logging
-            all_episodes = sorted(e for rank_episodes in dist.gather_objects(episodes) for e in rank_episodes)
-            for step_logged, episode_return, length in all_episodes:
-                logger.episodes_finished([(episode_return, length)], step_logged)
-            result.episode_returns += [r for _, r, _ in all_episodes]
             stats["clipfrac"] = torch.stack(clipfracs).mean()
-            names = list(stats)
-            *means, restarts = dist.mean([stats[k].item() for k in names] + [getattr(envs, "worker_restarts", 0)])
-            global_stats = dict(zip(names, means))  # global figures
-            sps = (global_step - start_step) / (time.perf_counter() - start_time)
-            perf = timer.lap()
-            result.iteration_seconds.append(timer.last_lap_seconds)
-            logger.scalars({f"losses/{k}": v for k, v in global_stats.items()}, global_step)
-            logger.scalars({
-                "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                "losses/explained_variance": explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np),
-                "charts/SPS": sps,
-                "charts/SPS_window": batch_size / timer.last_lap_seconds,
-                "charts/policy_lag": sampler.policy_lag,
-            }, global_step)
-            usage = {**resources.latest(), "resources/env_worker_restarts": restarts * dist.world_size}  # all ranks' envs
-            logger.monitor_scalars({**perf, **usage}, global_step, last=iteration == num_iterations)
-            progress.update(global_step, sps, logger.mean_recent_return, extra=describe_usage(usage, perf))
-            stop = run.stop_requested()  # SIGTERM or Ctrl-C on any rank: checkpoint now, then stop (all ranks agree)
-            if stop or iteration % args.checkpoint_every == 0 or iteration == num_iterations:
-                logger.flush()  # the logs up to the checkpoint survive a kill
-                run.save_checkpoint(global_step, iteration)
-            if stop:
-                raise run.stopped()
-        digest = dist.check_replicas_identical(agent)
-
-    if dist.is_main:
-        if dist.enabled:
-            print(f"replicas in sync: {dist.world_size} ranks hold bit-identical parameters (sha256 {digest[:16]})", flush=True)
-        print(f"done: {global_step:,} steps. TensorBoard logs: {args.run_dir}  (tensorboard --logdir {args.run_dir})", flush=True)
-        print(f"checkpoint: {run.last_checkpoint or checkpoint.resolve_checkpoint(args.run_dir)}", flush=True)
-    result.global_step = global_step
-    return result
+            stats["explained_variance"] = explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np)
+            log.iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,  # and SPS, perf, resources, checkpoints
+                          charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag})
+        return log.finish(agent)
 
 
 # ============================================================================ evaluation
 def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     """The trained policy as ``obs -> action``, with the saved normalisation statistics frozen."""
-
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space, impala=state.get("family") == "procgen")
     agent.load_state_dict(state["model"])
-    agent.eval()
     obs_norm = None
     if "obs_rms" in state:
         obs_norm = ObsNormalizer(envs.single_observation_space.shape)
         obs_norm.rms.load_state_dict(state["obs_rms"])
         obs_norm.frozen = True
-
-    def policy(obs: np.ndarray) -> np.ndarray:
-        if obs_norm is not None:
-            obs = obs_norm.normalize(obs)
-        with torch.inference_mode():
-            x = torch.as_tensor(network_input(obs))  # uint8 images as bytes, any other observation as float32
-            action = agent.deterministic_action(x) if deterministic else agent.act(x)[0]
-        action = action.numpy()
-        if agent.continuous:
-            action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
-        return action
-
-    return policy
+    return policy_fn(agent, envs, deterministic, obs_norm)

@@ -4,7 +4,8 @@ Observations reach the algorithms as one array per env. Python envs are made so 
 :class:`fleetrl.envs.registry.EnvFactory`, which flattens Dict, Tuple, Discrete and multi-dimensional
 Box observations into a 1-D Box (and says so once). A 1-D observation of any dtype feeds an MLP as
 float32; a 3-D one is an image for a CNN, kept as bytes when it is uint8 (:func:`fleetrl.nets.network_obs_dtype`).
-Actions: PPO samples from a categorical (Discrete) or a diagonal Gaussian (a 1-D Box).
+Actions: PPO samples from a categorical (Discrete) or a diagonal Gaussian (a 1-D Box); DQN takes Discrete,
+SAC and TD3 a 1-D Box.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import gymnasium as gym
 
 from fleetrl.errors import UnsupportedSpaceError
 
-SUPPORTED_ACTIONS = {"ppo": ("Discrete", "Box")}
+SUPPORTED_ACTIONS = {"ppo": ("Discrete", "Box"), "dqn": ("Discrete",), "sac": ("Box",), "td3": ("Box",)}
+# which algorithm to use instead, when the action space is one fleetrl trains with another algorithm
+_OTHER_ALGOS = {"Discrete": "`fleetrl train ppo` or `fleetrl train dqn`", "Box": "`fleetrl train ppo`, `sac` or `td3`"}
 
 # how to train an env whose action space is not supported, by the space's class name
 _ACTION_HINTS = {
@@ -33,8 +36,10 @@ def check_action_space(env_id: str, space: gym.Space, supported: tuple[str, ...]
     what = f"fleetrl's {algo.upper()} supports {' and '.join(supported)} action spaces"
     if not names & set(supported):
         hint = _ACTION_HINTS.get(type(space).__name__)
+        other = next((algos for name, algos in _OTHER_ALGOS.items() if name in names), None)
         raise UnsupportedSpaceError(f"--env-id {env_id!r} has action space {space}; {what} only."
-                                    + (f" To train it, {hint}." if hint else ""))
+                                    + (f" To train it, {hint}." if hint else "")
+                                    + (f" Train it with {other}." if other and not hint else ""))
     if isinstance(space, gym.spaces.Discrete) and int(space.start) != 0:
         raise UnsupportedSpaceError(
             f"--env-id {env_id!r} has action space {space}, whose actions start at {int(space.start)}; {what}, with "

@@ -1,0 +1,41 @@
+"""The policy interface: what acting and evaluation call, the same for every algorithm.
+
+A trained network that acts implements :class:`Policy`: ``act(x, deterministic)`` maps a batch of
+observations (as :func:`fleetrl.nets.network_input` makes them) to a batch of actions. Each algorithm's
+``policy_from_checkpoint`` rebuilds its network and returns :func:`policy_fn` of it, which is what
+``fleetrl eval`` and the video recorder run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from fleetrl.nets import network_input
+
+
+class Policy(Protocol):
+    def act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Actions for a batch of observations: the most likely (argmax, the Gaussian's mean, the actor's output)
+        with ``deterministic``, else sampled as in training (DQN: epsilon-greedy with the final epsilon)."""
+        ...
+
+
+def policy_fn(policy: Policy, envs, deterministic: bool = True, obs_norm=None) -> Callable[[np.ndarray], np.ndarray]:
+    """``obs -> action`` for a vector env: observations normalised with frozen statistics (``obs_norm``), the
+    network run without gradients, Box actions clipped to the action space."""
+    space = envs.single_action_space
+    if isinstance(policy, torch.nn.Module):
+        policy.eval()
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        if obs_norm is not None:
+            obs = obs_norm.normalize(obs)
+        with torch.inference_mode():
+            action = policy.act(torch.as_tensor(network_input(obs)), deterministic).cpu().numpy()
+        return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
+
+    return act
