@@ -125,14 +125,17 @@ OFFPOLICY_RANGES = {
 
 
 def validate_offpolicy(args: Any, world_size: int, ranges: dict[str, config.Range]) -> None:
-    """The common checks, then the replay buffer's: each rank's share must hold a batch, learning must start in the run."""
+    """The common checks, then the replay buffer's: each rank samples its share of a batch from its share of the
+    buffer, which must hold it; learning must start within the run."""
     validate_common(args, world_size, ranges)
+    local_batch = split_evenly(args.batch_size, world_size, "The batch sampled each update", "--batch-size")
     local_buffer = args.buffer_size // world_size
-    if local_buffer < args.batch_size:
-        shared = f" (--buffer-size {args.buffer_size} / {world_size} processes = {local_buffer} each)" if world_size > 1 else ""
-        raise FleetError(f"--buffer-size {args.buffer_size}{shared} is smaller than --batch-size {args.batch_size}: a batch is sampled "
-                         f"from one process's buffer, so it must hold at least a batch. Raise --buffer-size to at least "
-                         f"{args.batch_size * world_size} or lower --batch-size.")
+    if local_buffer < local_batch:
+        shared = (f" (each of the {world_size} processes holds {local_buffer} transitions and samples {local_batch} of an update's "
+                  f"batch)" if world_size > 1 else "")
+        raise FleetError(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}{shared}: a batch cannot "
+                         f"be sampled from a buffer that holds fewer transitions. Raise --buffer-size to at least {args.batch_size} "
+                         f"or lower --batch-size.")
     if args.learning_starts >= args.total_timesteps:
         raise FleetError(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: the run would "
                          f"end before it learns anything. Lower --learning-starts or raise --total-timesteps.")

@@ -222,8 +222,8 @@ def _load_verified(path: Path) -> dict[str, Any]:
         ) from None
     except Exception as exc:  # noqa: BLE001 - whatever a damaged archive makes torch raise, the answer is the same
         raise _Unusable(f"it is corrupt or truncated, or not a checkpoint ({type(exc).__name__}: {_first_line(exc)}).") from None
-    if not isinstance(state, dict) or "model" not in state or "args" not in state:
-        raise _Unusable("it is not a fleetrl checkpoint (no model or args in it).")
+    if not isinstance(state, dict) or "args" not in state or "global_step" not in state:
+        raise _Unusable("it is not a fleetrl checkpoint (no args or global step in it).")
     return state
 
 

@@ -16,14 +16,20 @@ from fleetrl.errors import FleetError
 A = TypeVar("A")
 
 
+FAMILY_WORDS = {"classic": "classic-control (discrete-action)", "atari": "Atari", "mujoco": "continuous-action (MuJoCo-style)",
+                "procgen": "Procgen"}
+FAMILY_ALGOS = {"classic": "`fleetrl train ppo` or `fleetrl train dqn`", "atari": "`fleetrl train ppo` or `fleetrl train dqn`",
+                "mujoco": "`fleetrl train sac`, `td3` or `ppo`", "procgen": "`fleetrl train ppo`"}
+
+
 def apply_family_defaults(args: A, table: dict[str, dict[str, Any]], family: str, algo: str = "") -> A:
     """Fill every field the user left unset (None) with the default for the env family; a family the
     algorithm has no defaults for (DQN on MuJoCo) is refused."""
     if family not in table:
         name = algo.upper() or "This algorithm"
-        raise FleetError(f"{name} does not train {family} environments ({args.env_id!r}): it has defaults and networks for "
-                         f"{', '.join(table)} only. Choose an env of those families, or another algorithm "
-                         f"(`fleetrl train ppo` trains every family).")
+        raise FleetError(f"{name} does not train {FAMILY_WORDS.get(family, family)} environments such as {args.env_id!r}: it has "
+                         f"defaults and networks for {', '.join(FAMILY_WORDS.get(f, f) for f in table)} environments only. "
+                         f"Train this env with {FAMILY_ALGOS.get(family, '`fleetrl train ppo`')}.")
     unset = {k: v for k, v in table[family].items() if getattr(args, k) is None}
     return dataclasses.replace(args, **unset)
 

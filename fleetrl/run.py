@@ -20,6 +20,7 @@ so it continues exactly where it stopped (docs/reliability.md says what a resume
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from fleetrl import checkpoint, config, runtime
 from fleetrl.args import DIST_TIMEOUT
@@ -76,19 +76,22 @@ class Run:
     _old_handlers: dict = field(default_factory=dict)
 
     @classmethod
-    def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[..., None], algo: str = "") -> "Run":
-        """``algo``: the algorithm's name (``fleetrl train ALGO``); a checkpoint written by another is refused."""
+    def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[..., None], algo: str = "",
+              wide_network: bool = False) -> "Run":
+        """``algo``: the algorithm's name (``fleetrl train ALGO``); a checkpoint written by another is refused.
+        ``wide_network``: the learner's layers are wide enough to split over threads even on vector observations
+        (SAC's and TD3's 256-wide MLPs at batch 256), so the thread plan treats it as a CNN."""
         if launched_by_torchrun():  # joining the job uses it, before validate names every bad flag
             config.check_ranges(args, {"dist_timeout": DIST_TIMEOUT})
         dist = init_distributed(args.cuda, args.dist_backend, args.dist_timeout)
         try:
-            return cls._start(args, explicit, family_defaults, validate, dist, algo)
+            return cls._start(args, explicit, family_defaults, validate, dist, algo, wide_network)
         except BaseException:
             dist.close()
             raise
 
     @classmethod
-    def _start(cls, args, explicit, family_defaults, validate, dist: Dist, algo: str) -> "Run":
+    def _start(cls, args, explicit, family_defaults, validate, dist: Dist, algo: str, wide_network: bool) -> "Run":
         # rank 0 finds and loads the checkpoint; everyone gets it (or the same error) by broadcast
         loaded: Any = None
         if dist.is_main:
@@ -119,7 +122,7 @@ class Run:
             run.global_step, run.start_iteration = int(resumed["global_step"]), int(resumed["iteration"])
             run.last_checkpoint = resumed.get("_path")
         runtime.seed_everything(run.seed, args.torch_deterministic)
-        cnn = family.name in IMAGE_FAMILIES
+        cnn = family.name in IMAGE_FAMILIES or wide_network
         # a CNN's spinning threads collapse beside other jobs; sleeping ones do not (docs/backends.md, "Thread plan")
         watch = cnn and args.torch_threads is None and not runtime.threads_wait_passively()
         busy = runtime.busy_cores_elsewhere() if watch else 0.0
@@ -151,14 +154,16 @@ class Run:
         self._log = TrainLog(self, envs, num_iterations, steps_per_iteration, notes)
         return self._log
 
-    def check_finite(self, losses: Any, iteration: int, global_step: int) -> None:
-        """Stop the run, without saving, when a loss became NaN or inf (one host sync: call it once an iteration)."""
-        bad = losses[~torch.isfinite(losses)]
-        if len(bad):
+    def check_finite(self, losses: dict[str, float], iteration: int, global_step: int) -> None:
+        """Stop the run, without saving, when a loss became NaN or inf (``log.iteration`` checks the averaged losses)."""
+        bad = {name: value for name, value in losses.items() if not math.isfinite(value)}
+        if bad:
+            name, value = next(iter(bad.items()))
             raise NonFiniteLossError(
-                f"The loss became non-finite ({bad[0].item()}) at iteration {iteration} (global step {global_step}); "
+                f"The loss became non-finite (losses/{name} = {value}) at iteration {iteration} (global step {global_step}); "
                 f"the run stopped without saving. The last good checkpoint is {self.last_checkpoint or 'none (none was written yet)'}. "
-                f"Lower the learning rate or --max-grad-norm, or check the environment for NaN/inf rewards or observations.")
+                f"Lower the learning rate (or clip the gradients harder, where the algorithm has --max-grad-norm), or check the "
+                f"environment for NaN/inf rewards or observations.")
 
     # ---------------------------------------------------------------- teardown
     def __enter__(self) -> "Run":

@@ -98,7 +98,9 @@ def plan_threads(
       each other: PPO Breakout with 2 threads ran 210-231 SPS when the other core was free and 35-100
       while other jobs ran; with 1 thread, 119-206 either way;
     - a small MLP gets 1 thread: its ops are too small to split, so a second thread gained nothing
-      on a free core (CartPole 7,664 against 7,936 SPS) and cost up to 7x beside another job;
+      on a free core (CartPole 7,664 against 7,936 SPS) and cost up to 7x beside another job. SAC's and
+      TD3's 256-wide MLPs at batch 256 are planned as a CNN (``Run.start(wide_network=True)``): an
+      update took 10.2 ms with 2 threads against 13.4 ms with 1 (SAC; TD3 6.6 against 9.2);
     - env workers (async processes, ale/EnvPool threads): one per core of the share, at most one per
       env. Stepping, acting and learning take turns in the serial loop, so torch and the workers do
       not compete for the cores;

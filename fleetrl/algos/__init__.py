@@ -10,4 +10,4 @@ Each module exposes:
 ``fleetrl train``, ``eval``, ``benchmark`` and ``tune`` work for every algorithm listed here.
 """
 
-ALGOS = ("ppo",)
+ALGOS = ("ppo", "dqn", "sac", "td3")

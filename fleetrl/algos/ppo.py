@@ -313,7 +313,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
             with log.timer.learn:
                 agent.train()
                 batch = {k: v.to(device) for k, v in buffer.flat().items()}
-                clipfracs, losses = [], []
+                clipfracs = []
                 for epoch in range(args.update_epochs):
                     b_inds = torch.randperm(local_batch_size, device=device)
                     shuffled = {k: v[b_inds] for k, v in batch.items()}  # one gather per epoch; minibatches are views
@@ -327,15 +327,13 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                         optimizer.step()
                         clipfracs.append(stats["clipfrac"])
-                        losses.append(loss_and_kl[0])
 
                     if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
                         break
-                run.check_finite(torch.stack(losses), iteration, buffer.global_step)  # once an iteration: no host sync per minibatch
             sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
 
             # ---------------------------------------------------------------- logging
-            stats["clipfrac"] = torch.stack(clipfracs).mean()
+            stats["clipfrac"], stats["loss"] = torch.stack(clipfracs).mean(), loss_and_kl[0]  # a non-finite loss stops the run
             stats["explained_variance"] = explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np)
             log.iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,  # and SPS, perf, resources, checkpoints
                           charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag})

@@ -58,7 +58,7 @@ class TrainLog:
                   losses: dict[str, Any] | None = None, charts: dict[str, float] | None = None) -> None:
         """End iteration ``iteration`` at ``global_step`` (over all ranks). ``episodes``: those this rank finished since
         the last call; ``losses``: tensors or numbers, averaged over ranks and logged as ``losses/NAME`` (read from the
-        device once here, not on every update); ``charts``: logged as ``charts/NAME``, the same on every rank."""
+        device once here, not on every update; a non-finite one stops the run); ``charts``: logged as ``charts/NAME``, the same on every rank."""
         run, dist, logger = self.run, self.run.dist, self.logger
         all_episodes = sorted(e for rank_episodes in dist.gather_objects(episodes) for e in rank_episodes)
         for step_logged, episode_return, length in all_episodes:
@@ -66,6 +66,7 @@ class TrainLog:
         self.result.episode_returns += [r for _, r, _ in all_episodes]
         losses = losses or {}
         *means, restarts = dist.mean(_host_floats(losses.values()) + [getattr(self.envs, "worker_restarts", 0)])
+        run.check_finite(dict(zip(losses, means)), iteration, global_step)  # a NaN loss stops the run before it is checkpointed
         sps = (global_step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
         perf = self.timer.lap()
         self.result.iteration_seconds.append(self.timer.last_lap_seconds)

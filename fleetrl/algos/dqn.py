@@ -1,0 +1,206 @@
+"""DQN for discrete actions, classic control and Atari, read top to bottom as CleanRL's dqn.py and dqn_atari.py.
+
+Order: arguments, network, then training: setup, and the loop (epsilon-greedy acting, env step, replay, the TD
+update every --train-frequency steps, the target network every --target-network-frequency steps), logging. The
+engine (vector envs, replay buffer, checkpoints, monitoring, torchrun) is called in a line each.
+
+Differences from CleanRL, each on purpose:
+* the replay buffer stores the true next observation at a time limit and bootstraps through it (dqn_atari.py's
+  loses it), and keeps each Atari frame once (fleetrl/sampling/replay.py: a 1M buffer in under 8 GB, not 26);
+* epsilon is drawn per env, and the update and target cadences count global steps (all envs of all ranks), so
+  more envs keep CleanRL's updates per env step;
+* under torchrun each rank acts in its own envs, keeps its own replay shard and samples --batch-size / world size
+  transitions from it; gradients are averaged, so every replica takes the same step;
+* the networks start from CleanRL's orthogonal initialisation (fleetrl.nets, as its PPO), not PyTorch's default;
+* Atari reports the unclipped full-game score (the env layer); checkpoints, resume and SIGTERM as for every algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fleetrl import config, offpolicy
+from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
+from fleetrl.monitor import TrainResult
+from fleetrl.nets import NatureCNN, layer_init, mlp, network_input
+from fleetrl.offpolicy import STEPS_PER_ITERATION, optimizer_step, soft_update, step_envs
+from fleetrl.policy import policy_fn
+from fleetrl.run import Run
+
+
+# ============================================================================ arguments
+@dataclass
+class Args(OffPolicyArgs):
+    exp_name: str = "dqn"
+    """the name of this experiment"""
+
+    # Algorithm specific arguments; None means "the default for the env family" (see FAMILY_DEFAULTS)
+    total_timesteps: int | None = None
+    """total timesteps of the experiments [500k classic control; Atari 10M]"""
+    learning_rate: float | None = None
+    """the learning rate of the optimizer [2.5e-4; Atari 1e-4]"""
+    num_envs: int | None = None
+    """the number of parallel game environments [1]"""
+    buffer_size: int | None = None
+    """the replay memory buffer size, over all processes [10k; Atari 1M]"""
+    tau: float | None = None
+    """the target network update rate [1.0: the target becomes a copy]"""
+    target_network_frequency: int | None = None
+    """the timesteps it takes to update the target network [500; Atari 1000]"""
+    batch_size: int | None = None
+    """the batch size of sample from the replay memory, over all processes [128; Atari 32]"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float | None = None
+    """the ending epsilon for exploration [0.05; Atari 0.01]"""
+    exploration_fraction: float | None = None
+    """the fraction of `total-timesteps` it takes from start-e to go end-e [0.5; Atari 0.1]"""
+    learning_starts: int | None = None
+    """timestep to start learning [10k; Atari 80k]"""
+    train_frequency: int | None = None
+    """the frequency of training, in timesteps [10; Atari 4]"""
+
+
+FAMILY_DEFAULTS = {  # CleanRL's dqn.py and dqn_atari.py; DQN has no network for continuous actions (MuJoCo) or Procgen
+    "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=1, buffer_size=10_000, tau=1.0, target_network_frequency=500,
+                    batch_size=128, end_e=0.05, exploration_fraction=0.5, learning_starts=10_000, train_frequency=10),
+    "atari": dict(total_timesteps=10_000_000, learning_rate=1e-4, num_envs=1, buffer_size=1_000_000, tau=1.0, target_network_frequency=1000,
+                  batch_size=32, end_e=0.01, exploration_fraction=0.1, learning_starts=80_000, train_frequency=4),
+}
+
+RANGES = {  # what each flag accepts (after the family defaults are filled), checked before anything starts
+    **OFFPOLICY_RANGES,
+    "learning_rate": config.positive("the optimizer's step size", config.COEF_MAX),
+    "target_network_frequency": config.count("timesteps between target network updates"),
+    "start_e": config.fraction("the exploration probability at the start"),
+    "end_e": config.fraction("the exploration probability once the schedule ends"),
+    "exploration_fraction": config.Range("the share of --total-timesteps over which epsilon falls", low=0, low_open=True, high=1),
+    "train_frequency": config.count("timesteps between updates"),
+}
+
+
+def validate(args: Args, world_size: int = 1) -> None:
+    """Refuse a configuration that cannot run, before anything starts (the buffer, batch and start checks are shared
+    by the off-policy algorithms)."""
+    validate_offpolicy(args, world_size, RANGES)
+
+
+# ============================================================================ network
+class QNetwork(nn.Module):
+    """CleanRL's Q-network: one value per action. Vector observations: an MLP 120-84 ReLU; stacked Atari frames: the
+    Nature CNN (uint8 frames in, scaled inside)."""
+
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int):
+        super().__init__()
+        if len(obs_shape) == 3:
+            self.network = nn.Sequential(NatureCNN(obs_shape[0]), layer_init(nn.Linear(NatureCNN.out_dim, num_actions), std=1.0))
+        else:
+            self.network = mlp(int(np.prod(obs_shape)), num_actions, out_std=1.0, hidden=(120, 84), activation=nn.ReLU)
+        self.num_actions = num_actions
+        self.epsilon = 0.0  # the exploration of stochastic evaluation (policy_from_checkpoint sets it)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x)
+
+    def act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Greedy actions; with ``deterministic=False``, epsilon-greedy."""
+        actions = self(x).argmax(dim=1)
+        if deterministic or self.epsilon == 0.0:
+            return actions
+        explore = torch.rand(actions.shape, device=actions.device) < self.epsilon
+        return torch.where(explore, torch.randint_like(actions, self.num_actions), actions)
+
+
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+def times_due(global_step: int, steps: int, every: int) -> int:
+    """How many multiples of ``every`` the last ``steps`` timesteps passed: CleanRL's ``global_step % every == 0``
+    when one env steps at a time, and the same number of updates per env step with more."""
+    return global_step // every - (global_step - steps) // every
+
+
+# ============================================================================ training
+def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
+    """Train DQN, in one process or under torchrun. ``explicit``: the flags given on the command line (they win over
+    a resumed run's saved arguments)."""
+    explicit = config.fields_differing_from_default(args) if explicit is None else explicit
+    # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
+    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="dqn") as run:
+        args, dist, device = run.args, run.dist, run.device
+        envs = run.make_envs()  # this rank's envs; a continuous action space was refused here
+        obs_shape, num_actions, num_envs = envs.single_observation_space.shape, int(envs.single_action_space.n), run.local_num_envs
+        num_iterations = offpolicy.num_iterations(args)  # STEPS_PER_ITERATION vector steps each
+        local_batch_size = args.batch_size // dist.world_size  # each rank's share of a batch
+
+        q_network = QNetwork(obs_shape, num_actions).to(device)
+        dist.broadcast_parameters(q_network)  # every replica starts from rank 0's parameters
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # one kernel for all params
+        grad_sync = dist.gradient_sync(q_network.parameters())  # averages gradients over ranks
+        target_network = QNetwork(obs_shape, num_actions).to(device)
+        target_network.load_state_dict(q_network.state_dict())
+        rb = offpolicy.make_replay(run, envs)  # this rank's shard, its memory checked against what is free
+        run.register(q_network=q_network, target_network=target_network, optimizer=optimizer)
+        log = run.start_logging(envs, num_iterations, STEPS_PER_ITERATION * args.num_envs)
+        run.restore()  # a resumed run: its networks, optimiser and RNG streams, exactly as they were
+        learning_starts = offpolicy.learning_starts(run)  # a resume without the buffer refills it first
+        exploration_steps = args.exploration_fraction * args.total_timesteps
+
+        # TRY NOT TO MODIFY: start the game
+        global_step, epsilon, losses = run.global_step, args.start_e, {}
+        obs, _ = envs.reset(seed=run.env_seed)
+        for iteration in range(run.start_iteration + 1, num_iterations + 1):
+            episodes = []  # (global step, return, length) of the episodes this rank finished
+            for _ in range(STEPS_PER_ITERATION):
+                global_step += args.num_envs  # every env of every rank
+
+                # ALGO LOGIC: epsilon-greedy; each env explores with probability epsilon (the network runs only if one does not)
+                epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+                with log.timer.inference:
+                    explore = np.random.random(num_envs) < epsilon
+                    actions = np.random.randint(num_actions, size=num_envs)
+                    if not explore.all():
+                        with torch.inference_mode():
+                            q_values = q_network(torch.as_tensor(network_input(obs), device=device))
+                        actions = np.where(explore, actions, q_values.argmax(dim=1).cpu().numpy())
+
+                # TRY NOT TO MODIFY: execute the game, save the data to the replay buffer (the true next obs at a time limit)
+                obs = step_envs(envs, rb, obs, actions, global_step, episodes, log.timer)
+
+                # ALGO LOGIC: training
+                if global_step > learning_starts:
+                    for _ in range(times_due(global_step, args.num_envs, args.train_frequency)):
+                        with log.timer.learn:
+                            data = rb.sample(local_batch_size)
+                            with torch.no_grad():
+                                target_max, _ = target_network(data.next_obs).max(dim=1)
+                                td_target = data.rewards + args.gamma * target_max * (1 - data.dones)
+                            old_val = q_network(data.obs).gather(1, data.actions.unsqueeze(1)).squeeze(1)
+                            loss = F.mse_loss(td_target, old_val)
+                            optimizer_step(optimizer, grad_sync, loss)  # optimize the model (gradients averaged over ranks)
+                        losses = {"td_loss": loss.detach(), "q_values": old_val.detach().mean()}  # read once an iteration
+
+                    # update target network (the same arithmetic on every rank: the replicas stay identical)
+                    if times_due(global_step, args.num_envs, args.target_network_frequency):
+                        soft_update(target_network, q_network, args.tau)  # tau * q_network + (1 - tau) * target_network
+
+            log.iteration(iteration, global_step, episodes, losses=losses, charts={"epsilon": epsilon})
+        return log.finish(q_network)
+
+
+# ============================================================================ evaluation
+def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
+    """The trained policy as ``obs -> action``: greedy, or epsilon-greedy with the run's final epsilon
+    (CleanRL evaluates DQN with epsilon 0.05)."""
+    q_network = QNetwork(envs.single_observation_space.shape, int(envs.single_action_space.n))
+    q_network.load_state_dict(state["q_network"])
+    q_network.eval()
+    q_network.epsilon = float(state["args"]["end_e"])  # the run's --end-e, its family default filled in
+    return policy_fn(q_network, envs, deterministic)

@@ -1,0 +1,85 @@
+"""What DQN, SAC and TD3 share around their replay buffer: its size per rank, the memory check, whether
+checkpoints hold it, and when learning starts (again, after a resume without it).
+
+An off-policy iteration is ``STEPS_PER_ITERATION`` steps of every env; the algorithm logs once an iteration.
+The steps of their loops that are not the algorithm are here too: random warm-up actions, stepping the envs into
+the buffer, an optimiser step averaged over ranks, the soft target update.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from fleetrl.args import STEPS_PER_ITERATION
+from fleetrl.envs.vector import episode_stats
+from fleetrl.sampling.replay import ReplayBuffer, check_fits_in_memory
+
+__all__ = ["STEPS_PER_ITERATION", "learning_starts", "make_replay", "num_iterations", "optimizer_step", "soft_update", "step_envs",
+           "uniform_actions"]
+
+
+def num_iterations(args: Any) -> int:
+    return args.total_timesteps // (args.num_envs * STEPS_PER_ITERATION)
+
+
+def make_replay(run: Any, envs: Any) -> ReplayBuffer:
+    """This rank's replay shard (``--buffer-size`` over all ranks), checked against free memory before it is made.
+    With ``--save-buffer`` checkpoints hold it; otherwise a resumed run refills it first, and says so."""
+    args, dist = run.args, run.dist
+    capacity = args.buffer_size // dist.world_size
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    check_fits_in_memory(capacity, obs_space, action_space, num_envs=run.local_num_envs, processes=dist.local_world_size,
+                         buffer_size=args.buffer_size)  # every process on this machine holds a shard
+    replay = ReplayBuffer(capacity, run.local_num_envs, obs_space, action_space, run.device, check_memory=False)
+    if args.save_buffer:
+        run.register_per_rank(replay=replay)
+    elif run.resumed is not None and dist.is_main:
+        print(f"fleetrl: the checkpoint holds no replay buffer (train with --save-buffer for that): the run refills it for "
+              f"--learning-starts {args.learning_starts:,} steps before learning goes on.", file=sys.stderr, flush=True)
+    return replay
+
+
+def learning_starts(run: Any) -> int:
+    """The global step after which updates happen: ``--learning-starts``, or that many steps after a resume that
+    had to refill the buffer."""
+    args = run.args
+    refill = run.resumed is not None and not args.save_buffer
+    return args.learning_starts + (run.global_step if refill else 0)
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Polyak averaging: target <- tau * source + (1 - tau) * target."""
+    for target_param, param in zip(target.parameters(), source.parameters()):
+        target_param.lerp_(param, tau)
+
+
+def uniform_actions(action_space: gym.spaces.Box, num_envs: int) -> np.ndarray:
+    """Random exploration actions within the bounds, from numpy's global RNG (seeded and checkpointed by the run;
+    ``action_space.sample()`` has an RNG of its own that no one seeds)."""
+    low, high = action_space.low, action_space.high
+    return np.random.uniform(low, high, (num_envs, *low.shape)).astype(action_space.dtype)
+
+
+def step_envs(envs, rb, obs: np.ndarray, actions: np.ndarray, global_step: int, episodes: list, timer) -> np.ndarray:
+    """Step the envs (timed), store the transitions in the replay buffer ``rb`` (the true final observation at a time
+    limit), append the episodes that ended to ``episodes`` as (global step, return, length); return the next obs."""
+    with timer.env:
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+    rb.add(obs, next_obs, actions, rewards, terminations, truncations, infos)
+    episodes += [(global_step, episode_return, length) for episode_return, length in episode_stats(infos)]
+    return next_obs
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, sync, loss: torch.Tensor) -> None:
+    """Backward, the gradients averaged over ranks (``sync``: this optimiser's GradientSync), then the step."""
+    optimizer.zero_grad()
+    sync.backward(loss)
+    sync.finish()
+    optimizer.step()

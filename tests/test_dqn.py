@@ -1,0 +1,184 @@
+"""DQN: CleanRL's schedule and defaults, clear refusals, CartPole learned with the defaults, Atari end to end on two
+backends, kill -9 and --resume auto, eval, and bit-identical replicas under torchrun. Real envs, real learning."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from fleetrl import checkpoint
+from fleetrl.algos import dqn
+from fleetrl.monitor.tbread import read_scalars
+
+from conftest import fleetrl_env, killed_on_exit, run_fleetrl, start_fleetrl_group
+
+CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
+SHORT = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000"]  # learning begins at once on a small budget
+
+
+def assert_clean_failure(proc, *needles):
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ the algorithm's pieces
+def test_epsilon_falls_linearly_from_start_e_to_end_e_over_the_exploration_fraction_then_stays():
+    duration = 0.5 * 500_000
+    assert dqn.linear_schedule(1.0, 0.05, duration, 0) == 1.0
+    assert math.isclose(dqn.linear_schedule(1.0, 0.05, duration, 125_000), 0.525)
+    assert dqn.linear_schedule(1.0, 0.05, duration, 250_000) == pytest.approx(0.05)
+    assert dqn.linear_schedule(1.0, 0.05, duration, 400_000) == 0.05
+
+
+@pytest.mark.parametrize("num_envs", [1, 3, 8])
+def test_updates_per_env_step_are_cleanrls_whatever_the_number_of_envs(num_envs):
+    # CleanRL (one env) trains when global_step % train_frequency == 0: 1 update per train_frequency env steps
+    steps = range(num_envs, 10_000 + 1, num_envs)
+    updates = sum(dqn.times_due(step, num_envs, 4) for step in steps)
+    assert updates == steps[-1] // 4
+    if num_envs == 1:
+        assert [dqn.times_due(step, 1, 4) for step in range(1, 9)] == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_greedy_evaluation_takes_the_best_action_and_epsilon_greedy_explores_at_the_final_epsilon():
+    torch.manual_seed(0)
+    q_network = dqn.QNetwork((4,), 3)
+    x = torch.randn(4000, 4)
+    greedy = q_network(x).argmax(1)
+    assert torch.equal(q_network.act(x, deterministic=True), greedy)
+    q_network.epsilon = 0.3
+    assert torch.equal(q_network.act(x, deterministic=True), greedy), "deterministic ignores epsilon"
+    differs = (q_network.act(x, deterministic=False) != greedy).float().mean().item()
+    assert abs(differs - 0.3 * 2 / 3) < 0.03, differs  # a random action is the greedy one a third of the time
+
+
+def test_atari_q_network_takes_stacked_uint8_frames():
+    q_network = dqn.QNetwork((4, 84, 84), 6)
+    frames = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
+    assert q_network(frames).shape == (2, 6) and q_network.act(frames, deterministic=True).dtype == torch.int64
+
+
+# ------------------------------------------------------------------------------------------ flags and refusals
+def test_help_lists_every_dqn_flag_with_its_family_defaults():
+    helped = run_fleetrl("train", "dqn", "--help", timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    for flag in ("--buffer-size", "--batch-size", "--learning-starts", "--train-frequency", "--target-network-frequency", "--tau",
+                 "--start-e", "--end-e", "--exploration-fraction", "--learning-rate", "--gamma", "--total-timesteps", "--save-buffer"):
+        assert flag in helped.stdout, flag
+    for default in ("[10k; Atari 1M]", "[128; Atari 32]", "[10; Atari 4]", "[500; Atari 1000]", "[0.05; Atari 0.01]"):
+        assert default in " ".join(helped.stdout.replace("│", " ").split()), default  # help wraps lines inside a box
+
+
+REFUSALS = {
+    "buffer_smaller_than_batch": (["--buffer-size", "64", "--batch-size", "128"], ["--buffer-size", "--batch-size"]),
+    "learning_starts_beyond_the_budget": (["--total-timesteps", "5000", "--learning-starts", "10000"], ["--learning-starts", "--total-timesteps"]),
+    "continuous_actions": (["--env-id", "Pendulum-v1"], ["DQN", "Pendulum-v1", "continuous-action", "fleetrl train sac"]),
+    "mujoco": (["--env-id", "HalfCheetah-v5"], ["DQN", "HalfCheetah-v5"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_bad_input_is_refused_with_a_clear_error_before_anything_runs(tmp_path, case):
+    if case == "mujoco":
+        pytest.importorskip("mujoco")
+    flags, needles = REFUSALS[case]
+    run_dir = tmp_path / "r"
+    proc = run_fleetrl("train", "dqn", "--no-cuda", *flags, "--run-dir", str(run_dir), timeout=120)
+    assert_clean_failure(proc, *needles)
+    assert not (run_dir / "checkpoints").exists()
+
+
+# ------------------------------------------------------------------------------------------ learning
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_dqn_learns_cartpole_with_cleanrls_defaults_on_seed_1(tmp_path):
+    # CleanRL publishes 488.69 ± 16.11 at 500k steps (last 100 training episodes, 3 seeds)
+    run_dir = tmp_path / "cartpole"
+    started = time.perf_counter()
+    proc = run_fleetrl("train", "dqn", *CARTPOLE, "--seed", "1", "--run-dir", str(run_dir), timeout=840, threads=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    returns = [p.value for p in read_scalars(run_dir, "charts/episodic_return")]
+    last20 = float(np.mean(returns[-20:]))
+    print(f"DQN CartPole-v1 seed 1, 500k steps: last 20 episodes {last20:.1f} in {time.perf_counter() - started:.0f} s")
+    assert last20 >= 450, f"mean of the last 20 episodes: {last20}"
+    for tag in ("losses/td_loss", "losses/q_values", "charts/epsilon", "charts/SPS"):
+        assert read_scalars(run_dir, tag), tag
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("backend", ["ale", "sync"])
+def test_dqn_trains_breakout_end_to_end_on_each_backend(tmp_path, backend):
+    pytest.importorskip("ale_py")
+    run_dir = tmp_path / backend
+    total = 1000  # 125 updates of the Nature CNN
+    proc = run_fleetrl("train", "dqn", "--env-id", "BreakoutNoFrameskip-v4", "--env-backend", backend, "--total-timesteps", str(total),
+                       "--buffer-size", "1000", "--learning-starts", "500", "--no-cuda", "--run-dir", str(run_dir), timeout=360, threads=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == total
+    losses = [p.value for p in read_scalars(run_dir, "losses/td_loss")]
+    assert losses and all(np.isfinite(losses)), losses
+    assert read_scalars(run_dir, "charts/episodic_return"), "Breakout games finished and were logged"
+
+
+# ------------------------------------------------------------------------------------------ reliability, eval, torchrun
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_kill_9_mid_run_then_resume_auto_finishes_and_logs_every_iteration_once(tmp_path):
+    run_dir, total = tmp_path / "run", 16_000
+    train = ["train", "dqn", *SHORT, "--total-timesteps", str(total), "--checkpoint-every", "5", "--run-dir", str(run_dir)]
+    proc = start_fleetrl_group(*train)
+    with killed_on_exit(proc):
+        deadline = time.time() + 180
+        while not [c for c in checkpoint.list_checkpoints(run_dir) if int(c.stem.split("_")[1]) >= 4000]:
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() is not None else "timed out"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    killed_at = int(checkpoint.load_checkpoint(run_dir)["global_step"])
+    assert 4000 <= killed_at < total
+    resumed = run_fleetrl(*train, "--resume", "auto", timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "refill" in (resumed.stdout + resumed.stderr).lower(), "a resume without the buffer says it refills it"
+    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == total
+    steps = [p.step for p in read_scalars(run_dir, "charts/epsilon")]
+    assert steps == list(range(100, total + 1, 100)), "every iteration logged exactly once"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_eval_plays_a_dqn_checkpoint_greedy_and_epsilon_greedy(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_fleetrl("train", "dqn", *SHORT, "--total-timesteps", "3000", "--run-dir", str(run_dir), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for flags in ([], ["--stochastic"]):
+        evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "3", "--json", *flags, timeout=240)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        result = json.loads(evaluated.stdout.strip().splitlines()[-1])
+        assert result["episodes"] == 3 and result["mean_return"] >= 8 and result["global_step"] == 3000, result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ranks_train_on_their_own_envs_and_shards_and_end_with_bit_identical_replicas(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "fleetrl",
+                           "train", "dqn", *SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200",
+                           "--total-timesteps", "6000", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=280, env=fleetrl_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout, proc.stdout[-3000:]
+    state = checkpoint.load_checkpoint(run_dir)
+    assert int(state["global_step"]) == 6000 and len(state["ranks"]) == 2
+    assert read_scalars(run_dir, "losses/td_loss")
