@@ -281,7 +281,7 @@ def table(results: dict[str, dict[str, list[Measurement]]], budgets: dict[str, t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", default="dqn,sac,td3", help="comma-separated; default all three")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each side (the median is reported)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each side (the median is reported) [3; 1 with --quick]")
     parser.add_argument("--steps", type=int, default=None, help="env steps a run, a multiple of 100 [dqn 40k, sac 4k, td3 6k]")
     parser.add_argument("--learning-starts", type=int, default=None, help="random-action steps before learning [1000]")
     parser.add_argument("--warmup", type=int, default=100, help="learning steps left out of the window after learning starts")
@@ -306,8 +306,8 @@ def main() -> None:
         opts.steps, opts.learning_starts = int(opts.steps), int(opts.learning_starts)
         return run_one(opts)
 
-    if opts.quick:
-        opts.repeats = 1
+    if opts.repeats is None:
+        opts.repeats = 1 if opts.quick else 3
     algos = [a.strip() for a in opts.algos.split(",") if a.strip()]
     unknown = [a for a in algos if a not in SCENARIOS]
     if unknown:

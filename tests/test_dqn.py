@@ -182,3 +182,18 @@ def test_two_ranks_train_on_their_own_envs_and_shards_and_end_with_bit_identical
     state = checkpoint.load_checkpoint(run_dir)
     assert int(state["global_step"]) == 6000 and len(state["ranks"]) == 2
     assert read_scalars(run_dir, "losses/td_loss")
+
+
+@pytest.mark.slow
+def test_save_buffer_puts_the_replay_buffer_in_the_checkpoint_and_a_resume_keeps_it(tmp_path):
+    run_dir = tmp_path / "run"
+    base = ["train", "dqn", *SHORT, "--env-backend", "sync", "--save-buffer", "--no-progress", "--run-dir", str(run_dir)]
+    first = run_fleetrl(*base, "--total-timesteps", "1500", timeout=120)
+    assert first.returncode == 0, first.stderr
+    state = checkpoint.load_checkpoint(checkpoint.resolve_checkpoint(str(run_dir)))
+    replay = state["ranks"][0]["replay"]
+    assert replay, "the checkpoint holds rank 0's replay buffer"
+    resumed = run_fleetrl(*base, "--total-timesteps", "2500", "--resume", "auto", timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "refills" not in resumed.stderr, "with --save-buffer a resume keeps the buffer and learns on at once"
+    assert "done: 2,500 steps" in resumed.stdout
