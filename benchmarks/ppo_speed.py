@@ -202,8 +202,9 @@ def run_fleetrl(opts: argparse.Namespace, recorder: Recorder) -> int:
     # patched before the algorithm module is imported, so its `from fleetrl.monitor import TrainResult` sees it
     monitor.TrainResult = monitor_logger.TrainResult = MarkingTrainResult
     from fleetrl.algos import ppo
+    from fleetrl.monitor import trainlog
 
-    ppo.TrainResult = MarkingTrainResult
+    trainlog.TrainResult = MarkingTrainResult  # the session's log makes the result
     argv = shlex.split(opts.flags) + ["--env-id", opts.env_id, "--run-dir", opts.run_dir, "--no-progress",
                                       "--checkpoint-every", "1000000000", "--cuda" if opts.cuda else "--no-cuda"]
     args = tyro.cli(ppo.Args, args=argv, prog="fleetrl train ppo")

@@ -61,12 +61,13 @@ def configs() -> list[Config]:
 # ============================================================================ one PPO run (the subprocess)
 def run_child(config: Config) -> None:
     import fleetrl.algos.ppo as ppo
+    import fleetrl.run as run
     from fleetrl.runtime import busy_cores_elsewhere, plan_threads
 
     busy = busy_cores_elsewhere(1.0)
     plan = replace(plan_threads(num_envs=config.num_envs), env_workers=config.workers)
-    make = ppo.make_vector_env
-    ppo.make_vector_env = lambda *a, **k: make(*a, **{**k, "threads": plan})  # the env side of this row
+    make = run.make_vector_env
+    run.make_vector_env = lambda *a, **k: make(*a, **{**k, "threads": plan})  # the env side of this row (the session builds the envs)
     with tempfile.TemporaryDirectory(prefix="thread_plan_") as tmp:
         args = ppo.Args(env_id=config.env_id, env_backend=config.backend, num_envs=config.num_envs, torch_threads=config.torch_threads,
                         run_dir=os.path.join(tmp, "run"), progress=False, checkpoint_every=10**9, cuda=False)

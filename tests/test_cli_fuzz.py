@@ -240,8 +240,10 @@ TRAIN_ACROSS = ("does not split", "do not split", "leaves 1 sample per minibatch
 def engine_sentinels(monkeypatch):
     """Stop a started training run after its first iteration, or before it builds more than a test should."""
     import fleetrl.algos.ppo as ppo
+    import fleetrl.monitor.trainlog as trainlog
+    import fleetrl.run as run
 
-    real_make, real_sampler, real_loss = ppo.make_vector_env, ppo.Sampler, ppo.ppo_loss
+    real_make, real_sampler, real_loss = run.make_vector_env, ppo.Sampler, ppo.ppo_loss
     calls = {"loss": 0}
 
     def make_vector_env(env_id, num_envs, *args, **kwargs):
@@ -261,16 +263,16 @@ def engine_sentinels(monkeypatch):
             raise Started("many minibatch updates")
         return real_loss(*args, **kwargs)
 
-    class Progress(ppo.Progress):
+    class Progress(trainlog.Progress):
         def update(self, step, *args, **kwargs):
             if step < self.total:
                 raise Started("after the first iteration")
             super().update(step, *args, **kwargs)
 
-    monkeypatch.setattr(ppo, "make_vector_env", make_vector_env)
+    monkeypatch.setattr(run, "make_vector_env", make_vector_env)  # the session builds the envs
     monkeypatch.setattr(ppo, "Sampler", sampler)
     monkeypatch.setattr(ppo, "ppo_loss", ppo_loss)
-    monkeypatch.setattr(ppo, "Progress", Progress)
+    monkeypatch.setattr(trainlog, "Progress", Progress)
 
 
 @st.composite
