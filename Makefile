@@ -24,7 +24,7 @@ train: setup
 
 # pytest exits 5 when it collected no tests: that is a failure here, never a silent pass.
 test: setup
-	@$(PY) -m pytest -q -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	@$(PY) -m pytest -q -ra --durations=20; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 test-fast: setup
 	@$(PY) -m pytest -q -ra -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
