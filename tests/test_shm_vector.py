@@ -353,6 +353,7 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
 def test_ctrl_c_in_the_parent_stops_cleanly(tmp_path):
     script = tmp_path / "ctrl_c.py"
     script.write_text(textwrap.dedent(f"""
+        import signal
         import sys
         sys.path.insert(0, {TESTS_DIR!r})
         import numpy as np
@@ -360,6 +361,9 @@ def test_ctrl_c_in_the_parent_stops_cleanly(tmp_path):
         from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
 
         if __name__ == "__main__":
+            # a program started from a terminal has Python's Ctrl-C handler; a suite run in the background of a
+            # non-interactive shell (`make test &`) ignores SIGINT, and the script would inherit that and loop on
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             envs = SharedMemoryVectorEnv([MakeEnv("ShmCounting-v0", {{"step_us": 300}})] * 4, num_workers=2)
             envs.reset(seed=0)
             print("pids", *envs.worker_pids, flush=True)
