@@ -7,7 +7,7 @@ from torch.distributions import Categorical, Normal
 
 from fleetrl.algos.ppo import Agent
 from fleetrl.nets import categorical_logprob_entropy, categorical_sample, gaussian_logprob_entropy, gaussian_sample
-from fleetrl.sampling.acting import NumpyMLPActor, TorchActor, make_actor
+from fleetrl.sampling.acting import NumpyMLPActor, TorchActor, host_forward, make_actor
 
 
 def test_categorical_helpers_match_torch_distributions():
@@ -78,3 +78,30 @@ def test_cnn_agents_act_through_torch():
     assert isinstance(actor, TorchActor)
     action, logprob, value = actor.act(np.zeros((2, 4, 84, 84), np.uint8))
     assert action.shape == (2,) and logprob.shape == (2,) and value.shape == (2,)
+
+
+def test_host_forward_matches_torch_and_sees_the_optimisers_in_place_steps_and_a_load():
+    from fleetrl.algos.dqn import QNetwork
+
+    torch.manual_seed(0)
+    q_network = QNetwork((4,), 2)
+    q_values_of = host_forward(q_network.network, torch.device("cpu"))
+    obs = np.random.default_rng(0).standard_normal((5, 4))  # float64, as CartPole gives them
+
+    def torch_q_values():
+        with torch.no_grad():
+            return q_network(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+    np.testing.assert_allclose(q_values_of(obs), torch_q_values(), rtol=1e-5, atol=1e-6)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=0.1, fused=True)
+    q_network(torch.as_tensor(obs, dtype=torch.float32)).square().mean().backward()
+    optimizer.step()
+    np.testing.assert_allclose(q_values_of(obs), torch_q_values(), rtol=1e-5, atol=1e-6)  # no copy to refresh
+    q_network.load_state_dict(QNetwork((4,), 2).state_dict())  # a resume copies in place too
+    np.testing.assert_allclose(q_values_of(obs), torch_q_values(), rtol=1e-5, atol=1e-6)
+
+    cnn = QNetwork((4, 84, 84), 3)  # not an MLP: runs in torch, uint8 frames in
+    frames = np.random.default_rng(1).integers(0, 255, (2, 4, 84, 84), dtype=np.uint8)
+    with torch.no_grad():
+        expected = cnn(torch.as_tensor(frames)).numpy()
+    np.testing.assert_allclose(host_forward(cnn.network, torch.device("cpu"))(frames), expected, rtol=1e-5, atol=1e-6)

@@ -155,9 +155,10 @@ def test_kill_9_mid_run_then_resume_auto_finishes(algo, tmp_path):
 # ------------------------------------------------------------------------------------------ torchrun
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_torchrun_two_ranks_train_sac_to_bit_identical_replicas(tmp_path):
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_torchrun_two_ranks_train_to_bit_identical_replicas(tmp_path, algo):
     run_dir = tmp_path / "run"
-    proc = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "sac", *PENDULUM, "--num-envs", "2",
+    proc = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", algo, *PENDULUM, "--num-envs", "2",
                     "--total-timesteps", "1600", "--learning-starts", "400", "--batch-size", "64", "--run-dir", str(run_dir), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout
