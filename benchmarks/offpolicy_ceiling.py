@@ -8,7 +8,7 @@ What it measures:
 * FLOPs per learning step: torch's FlopCounterMode over a short fleetrl run (CleanRL's defaults), divided by the
   steps that learned. Matrix multiplies only (the elementwise ops are not counted, so the ceiling is generous).
 * The matrix multiply's throughput: a 256 x 256 x 256 float32 matmul (the critics' hidden layer at batch 256), with
-  1 thread and with every core, median of 5 timings.
+  1 thread and with every core, the fastest of 5 timings (the machine's load only lowers it).
 * The ceiling: the SPS if every step's FLOPs ran at that throughput, with nothing else (env, Python, elementwise ops,
   the optimiser) taking any time. With ``--plain-sps`` (the plain CleanRL loop's SPS, from offpolicy_speed.py), the
   share of that throughput a 2x target would need.

@@ -1,7 +1,7 @@
 """Learning, side by side: fleetrl's SAC and TD3 against CleanRL's own loops on HalfCheetah-v5, at a budget this
 machine can afford (issue 13's learning target).
 
-    python benchmarks/offpolicy_learning.py                          # SAC and TD3, 50k steps, seed 1 (~40 min on 2 cores)
+    python benchmarks/offpolicy_learning.py                          # SAC and TD3, 50k steps, seed 1 (~30 min on 2 cores)
     python benchmarks/offpolicy_learning.py --algos td3 --steps 100000 --seeds 1 2
     python benchmarks/offpolicy_learning.py --markdown learning.md
 
@@ -30,27 +30,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULT_MARKER = "OFFPOLICY_LEARNING_RESULT "
 PUBLISHED_1M = {"sac": "9,635 ± 1,424", "td3": "9,583 ± 126"}  # CleanRL docs/benchmark, HalfCheetah-v4, 3 seeds
-LEARNING_STARTS = {"sac": 5_000, "td3": 25_000}  # CleanRL's defaults
 LAST_EPISODES = 10
 EPISODE_STEPS = 1_000
 
 
 def run_one(opts: argparse.Namespace) -> None:
     """In the subprocess: one run, its episode returns as one line of JSON."""
+    import importlib
+
     import torch
 
     torch.set_num_threads(1)
+    module = importlib.import_module(f"fleetrl.algos.{opts.algo}")
     if opts.side == "plain":
         sys.path.insert(0, HERE)
         import plain_offpolicy
 
         run = getattr(plain_offpolicy, f"plain_{opts.algo}")
-        returns = run(opts.env_id, opts.steps, LEARNING_STARTS[opts.algo], seed=opts.seed).episode_returns
+        learning_starts = module.FAMILY_DEFAULTS["mujoco"]["learning_starts"]  # CleanRL's default, as fleetrl's side takes it
+        returns = run(opts.env_id, opts.steps, learning_starts, seed=opts.seed).episode_returns
     else:
-        import importlib
         import tempfile
 
-        module = importlib.import_module(f"fleetrl.algos.{opts.algo}")
         with tempfile.TemporaryDirectory() as runs:
             args = module.Args(env_id=opts.env_id, total_timesteps=opts.steps, seed=opts.seed, torch_threads=1,
                                run_dir=os.path.join(runs, "run"), progress=False)
