@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +37,7 @@ from fleetrl.distributed import Dist, init_distributed, launched_by_torchrun, ra
 from fleetrl.envs import EnvFamily, env_family, make_vector_env
 from fleetrl.envs.spaces import check_spaces
 from fleetrl.errors import FleetError, NonFiniteLossError
+from fleetrl.learner import Learner
 from fleetrl.monitor.trainlog import TrainLog
 
 IMAGE_FAMILIES = ("atari", "procgen")  # the families trained with a CNN; the others with small MLPs (for the thread plan)
@@ -73,6 +74,7 @@ class Run:
     _failed_writes: int = 0
     _signal: int | None = None  # the stop signal received, if any
     _log: TrainLog | None = None
+    _learner: Learner | None = None  # fetched from before each checkpoint (--policy-lag 1 keeps it in its own process)
     _old_handlers: dict = field(default_factory=dict)
 
     @classmethod
@@ -128,6 +130,8 @@ class Run:
         busy = runtime.busy_cores_elsewhere() if watch else 0.0
         run.threads = runtime.plan_threads(os.cpu_count(), dist.local_world_size, local_num_envs, cnn=cnn,
                                            policy_lag=getattr(args, "policy_lag", 0), torch_threads=args.torch_threads, busy_elsewhere=busy)
+        if hasattr(args, "buffer_size"):  # off-policy: --policy-lag 1 runs the updates in a learner process (fleetrl/learner.py)
+            run.threads = replace(run.threads, lag_worker="learner process")
         runtime.apply_thread_plan(run.threads)
         run.device = dist.device if dist.enabled else runtime.pick_device(args.cuda, warn="cuda" in explicit and dist.is_main)
         run._catch_stop_signals()
@@ -153,6 +157,14 @@ class Run:
         ``log.iteration(...)`` ends each iteration (fleetrl/monitor/trainlog.py)."""
         self._log = TrainLog(self, envs, num_iterations, steps_per_iteration, notes)
         return self._log
+
+    def learner(self, *updates: Callable[..., Any], acting: Any) -> Learner:
+        """Where the update functions run: here, or with ``--policy-lag 1`` in a learner process that ``acting`` (the
+        network the loop acts with) follows one update behind (fleetrl/learner.py). Call it after ``register``."""
+        threads = self.threads.torch_threads if self.threads is not None else 1
+        self._learner = self.closing(Learner(updates, acting, self._shared, getattr(self.args, "policy_lag", 0), self.device,
+                                             torch_threads=max(1, threads - 1)))
+        return self._learner
 
     def check_finite(self, losses: dict[str, float], iteration: int, global_step: int) -> None:
         """Stop the run, without saving, when a loss became NaN or inf (``log.iteration`` checks the averaged losses)."""
@@ -262,6 +274,8 @@ class Run:
         the run stops, naming the last good checkpoint. All ranks learn the outcome, so they stop together.
         """
         self.global_step = global_step
+        if self._learner is not None:
+            self._learner.sync()  # the learner process's networks and optimiser, as of its last update
         ranks = self.dist.gather_objects({"rng": checkpoint.rng_state(), **{k: v.state_dict() for k, v in self._per_rank.items()}})
         outcome: tuple[str | None, str | None] = (None, None)
         if self.dist.is_main:

@@ -47,6 +47,7 @@ class ThreadPlan:
     torch_threads: int  # intra-op threads for acting and learning (one setting per process)
     env_workers: int  # worker processes (async backend) or C++ threads (ale, envpool); unused when envs step in-process
     sampler_thread: bool  # --policy-lag >= 1: a thread collects the next rollout while the learner trains
+    lag_worker: str = "sampler thread"  # what --policy-lag 1 adds: PPO's sampler thread, or the off-policy learner process
     torch_threads_explicit: bool = False  # set with --torch-threads, not planned
     local_world_size: int = 1
     busy_elsewhere: float = 0.0  # cores other processes kept busy when the plan was made
@@ -72,7 +73,7 @@ class ThreadPlan:
         else:
             why = "planned"
         torch_part = f"torch {self.torch_threads} ({why})"
-        sampler = "1 sampler thread (--policy-lag)" if self.sampler_thread else "no sampler thread"
+        sampler = f"1 {self.lag_worker} (--policy-lag)" if self.sampler_thread else f"no {self.lag_worker}"
         return f"threads on {share}: {torch_part}, {self.env_part(backend)}, {sampler}"
 
 

@@ -1,0 +1,217 @@
+"""Where an off-policy algorithm's updates run: in its own loop, or in a learner process on another core.
+
+``learner = run.learner(td_update, update_target, acting=q_network)`` takes the algorithm's update functions (they
+close over its networks and optimiser); the loop calls ``learner(td_update, batch)`` where CleanRL calls the code.
+
+* ``--policy-lag 0`` (the default): the call runs the function here and returns what it returns. CleanRL's loop.
+* ``--policy-lag 1``: the first call forks a learner process, which inherits the networks and optimiser as they are
+  (after a resume's restore). Each call sends its arguments (a sampled batch) and returns at once, so the learner
+  updates on one core while this process acts and steps the envs on another. Calls run in order, one at a time: a
+  call first waits for the previous one, then copies the weights that update produced into ``acting``. Acting is
+  therefore one update behind (with DQN's defaults, 10 env steps), and the run stays deterministic for a seed.
+  A call returns what the previous call of the same function returned (its losses, as floats).
+
+Checkpoints see the learner's state: before each save, ``sync`` fetches the learner's copy of every registered
+object (networks, optimiser) into this process. The learner ignores SIGINT and SIGTERM (this process stops the run
+and checkpoints it) and exits when this process closes it or dies. It is CPU-only and single-process: CUDA cannot be
+used in a forked process, and under torchrun every core already has a rank.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import pickle
+import signal
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fleetrl.errors import FleetError
+
+__all__ = ["Learner", "check_policy_lag"]
+
+POLL_SECONDS = 1.0  # how often a wait checks that the learner process is still alive
+SPIN_SECONDS = 0.002  # a wait spins this long before it sleeps (see _ready)
+
+
+def check_policy_lag(policy_lag: int, world_size: int, algo: str) -> None:
+    """Refuse a policy lag the learner cannot run, before anything starts."""
+    if policy_lag not in (0, 1):
+        raise FleetError(f"--policy-lag must be 0 (every step acts with the newest weights) or 1 (the updates run in a learner "
+                         f"process, acting one update behind), got {policy_lag}.")
+    if policy_lag and world_size > 1:
+        raise FleetError(f"fleetrl {algo} --policy-lag 1 runs the updates in a second process on this machine, but under torchrun "
+                         f"each of the {world_size} ranks already keeps a core busy and their gradients are averaged in step. "
+                         f"Leave out --policy-lag (0) under torchrun, or run one process with --policy-lag 1.")
+
+
+class Learner:
+    """Runs update functions here (``lag`` 0) or in a forked learner process (``lag`` 1); see the module docstring."""
+
+    def __init__(self, updates: Sequence[Callable[..., Any]], acting: nn.Module, owned: dict[str, Any], lag: int, device: Any,
+                 torch_threads: int = 1):
+        if lag and torch.device(device).type != "cpu":
+            raise FleetError(f"--policy-lag 1 runs the updates in a forked learner process, and CUDA cannot be used in a forked "
+                             f"process; the run is on {device}, where an update is short anyway. Leave out --policy-lag (0), "
+                             f"or train on the CPU (--no-cuda) with it.")
+        self.updates, self.acting, self.owned, self.lag = list(updates), acting, owned, lag
+        self.torch_threads = torch_threads
+        self._process: Any = None
+        self._conn: Any = None
+        self._pending = False  # a call was sent and its answer not read yet
+        self._results: dict[int, Any] = {}  # update index -> what its last finished call returned
+        self._published: list[torch.Tensor] = []  # the learner's newest acting weights, in shared memory
+
+    def __call__(self, update: Callable[..., Any], *args: Any) -> Any:
+        if not self.lag:
+            return update(*args)
+        index = self.updates.index(update)
+        if self._process is None:
+            self._start()
+        self._wait()  # the previous update is done and its weights now act
+        self._send(("update", index, [_to_host(arg) for arg in args]))
+        self._pending = True
+        return self._results.get(index, {})
+
+    # ---------------------------------------------------------------- this process
+    def _start(self) -> None:
+        self._published = [p.detach().clone().share_memory_() for p in self.acting.parameters()]
+        parent_conn, child_conn = mp.Pipe()
+        context = mp.get_context("fork")  # the learner inherits the networks and optimiser as they are now
+        self._process = context.Process(target=_serve, name="fleetrl-learner", daemon=True,
+                                        args=(child_conn, parent_conn, self.updates, self.acting, self._published, self.owned,
+                                              self.torch_threads))
+        self._process.start()
+        child_conn.close()
+        self._conn = parent_conn
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self._conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            raise self._died() from None
+
+    def _receive(self) -> tuple:
+        while not _ready(self._conn, POLL_SECONDS):
+            if not self._process.is_alive():
+                raise self._died()
+        try:
+            reply = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, ConnectionResetError, OSError):
+            raise self._died() from None
+        if reply[0] == "error":
+            is_fleet_error, text = reply[2]
+            self._pending = False
+            if is_fleet_error:
+                raise FleetError(text)
+            raise RuntimeError(f"the learner process (--policy-lag 1) failed in an update:\n{text}")
+        return reply
+
+    def _wait(self) -> None:
+        if not self._pending:
+            return
+        _, index, result = self._receive()
+        self._pending = False
+        self._results[index] = result
+        with torch.no_grad():
+            for param, published in zip(self.acting.parameters(), self._published):
+                param.copy_(published)
+
+    def _died(self) -> FleetError:
+        self._process.join(timeout=1.0)
+        code = self._process.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        return FleetError(f"The learner process (--policy-lag 1) {how} (out of memory?). The run stopped; its last checkpoint "
+                          f"holds it. Continue with --resume auto, with --policy-lag 0 if this repeats.")
+
+    def sync(self) -> None:
+        """Wait for the learner, then copy its state of every registered object into this process (before a checkpoint)."""
+        if self._process is None:
+            return
+        self._wait()
+        self._send(("state", -1, None))
+        states = torch.load(io.BytesIO(self._receive()[2]), weights_only=True)
+        for name, obj in self.owned.items():
+            obj.load_state_dict(states[name])
+
+    def close(self) -> None:
+        if self._process is None:
+            return
+        try:
+            self._conn.send_bytes(pickle.dumps(("stop", -1, None)))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass  # it is gone already
+        self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+        self._process = None
+
+
+# ---------------------------------------------------------------- the learner process
+def _serve(conn, parent_conn, updates, acting: nn.Module, published: list[torch.Tensor], owned: dict[str, Any], torch_threads: int) -> None:
+    parent_conn.close()  # so that this process sees EOF when the trainer dies
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)  # the trainer stops the run and checkpoints it; it then closes us
+    torch.set_num_threads(torch_threads)
+    while True:
+        try:
+            while not _ready(conn, POLL_SECONDS):
+                pass
+            kind, index, payload = pickle.loads(conn.recv_bytes())
+        except (EOFError, ConnectionResetError, OSError):
+            return  # the trainer is gone
+        if kind == "stop":
+            return
+        try:
+            if kind == "state":
+                buffer = io.BytesIO()
+                torch.save({name: obj.state_dict() for name, obj in owned.items()}, buffer)
+                conn.send_bytes(pickle.dumps(("state", index, buffer.getvalue()), protocol=pickle.HIGHEST_PROTOCOL))
+                continue
+            result = updates[index](*[_from_host(arg) for arg in payload])
+            with torch.no_grad():
+                for target, param in zip(published, acting.parameters()):
+                    target.copy_(param)
+            floats = None if result is None else {name: float(value) for name, value in result.items()}
+            conn.send_bytes(pickle.dumps(("done", index, floats), protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as exc:  # noqa: BLE001 - reported to the trainer, which raises it
+            text = str(exc) if isinstance(exc, FleetError) else traceback.format_exc()
+            conn.send_bytes(pickle.dumps(("error", index, (isinstance(exc, FleetError), text))))
+            return
+
+
+def _ready(conn, timeout: float) -> bool:
+    """Whether a message arrived within ``timeout``. It spins for the first ``SPIN_SECONDS``: waking a sleeping process
+    costs 50-200 us on a VM, and the other side usually answers within that. Spinning doubled DQN's speed on CartPole
+    (the learner waits for each batch, the trainer for each update)."""
+    deadline = time.perf_counter() + SPIN_SECONDS
+    while time.perf_counter() < deadline:
+        if conn.poll(0):
+            return True
+    return conn.poll(timeout)
+
+
+def _to_host(value: Any) -> Any:
+    """Tensors (alone or in a named tuple such as a ReplayBatch) as numpy arrays, to pickle cheaply."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*[_to_host(v) for v in value])
+    return value
+
+
+def _from_host(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*[_from_host(v) for v in value])
+    return value
+
