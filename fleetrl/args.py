@@ -52,6 +52,10 @@ class CommonArgs:
     """where logs and checkpoints go [runs/{env_id}__{exp_name}__{seed}__{timestamp}]"""
     checkpoint_every: int = 50
     """write a checkpoint every this many iterations (and always at the end)"""
+    stop_at_return: float | None = None
+    """end the run early, checkpointed, once the mean return of the last --stop-window episodes reaches this (SB3's StopTrainingOnRewardThreshold)"""
+    stop_window: int = 100
+    """the episodes --stop-at-return averages"""
     keep_checkpoints: int = 3
     """how many of the newest checkpoints to keep"""
     resume: str | None = None
@@ -77,6 +81,8 @@ COMMON_RANGES = {
     "num_envs": config.count("parallel environments, over all processes"),
     "sticky_actions": config.fraction("the Atari sticky-action probability", optional=True),
     "checkpoint_every": config.count("iterations between checkpoints"),
+    "stop_at_return": config.Range("the mean return that ends the run early", optional=True),
+    "stop_window": config.count("episodes averaged for --stop-at-return"),
     "keep_checkpoints": config.count("newest checkpoints kept"),
     "torch_threads": config.count("torch CPU threads", high=1024, optional=True, hint="Leave it out to use the thread plan."),
     "dist_timeout": DIST_TIMEOUT,

@@ -21,7 +21,8 @@ def best_rolling_mean(values, window):
 def test_ppo_solves_cartpole_with_default_hyperparameters_for_two_of_three_seeds(tmp_path):
     seeds = (1, 2, 3)
     procs = {seed: start_fleetrl_group("train", "ppo", "--env-id", "CartPole-v1", "--seed", str(seed), "--torch-threads", "1",
-                                 "--run-dir", str(tmp_path / f"s{seed}"), "--no-cuda", "--checkpoint-every", "1000")
+                                 "--run-dir", str(tmp_path / f"s{seed}"), "--no-cuda", "--checkpoint-every", "1000",
+                                 "--stop-at-return", "475", "--stop-window", "20")  # a seed that reaches it is done
              for seed in seeds}
     best = {}
     with killed_on_exit(*procs.values()):
@@ -37,8 +38,8 @@ def test_ppo_solves_cartpole_with_default_hyperparameters_for_two_of_three_seeds
 def test_ppo_continuous_solves_inverted_pendulum_and_eval_matches_training(tmp_path):
     pytest.importorskip("mujoco")
     run_dir = tmp_path / "ip"
-    proc = run_fleetrl("train", "ppo", "--env-id", "InvertedPendulum-v5", "--total-timesteps", "150000",
-                       "--run-dir", str(run_dir), "--no-cuda", timeout=1200, threads=2)
+    proc = run_fleetrl("train", "ppo", "--env-id", "InvertedPendulum-v5", "--total-timesteps", "150000", "--stop-at-return", "950",
+                       "--stop-window", "10", "--run-dir", str(run_dir), "--no-cuda", timeout=1200, threads=2)  # eval: the policy that reached it
     assert proc.returncode == 0, proc.stderr[-3000:]
     returns = [p.value for p in read_scalars(run_dir, "charts/episodic_return")]
     assert best_rolling_mean(returns, 10) >= 950, f"best rolling mean of 10: {best_rolling_mean(returns, 10)}"

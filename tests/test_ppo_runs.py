@@ -66,3 +66,27 @@ def test_planted_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoin
     assert int(last_good["iteration"]) == 11
     evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "2", timeout=120)
     assert evaluated.returncode == 0, evaluated.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_stop_at_return_ends_the_run_once_the_recent_mean_reaches_it_and_checkpoints_that_step(tmp_path):
+    run_dir, total = tmp_path / "run", 200_000
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--total-timesteps", str(total), "--stop-at-return", "60",
+                       "--stop-window", "10", "--checkpoint-every", "1000", "--run-dir", str(run_dir), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stopped_at = int(checkpoint.load_checkpoint(run_dir)["global_step"])
+    assert stopped_at < total and f"global step {stopped_at:,}" in proc.stdout and "stopping early" in proc.stdout, proc.stdout[-2000:]
+    episodes = read_scalars(run_dir, "charts/episodic_return")
+    iteration_steps = [p.step for p in read_scalars(run_dir, "charts/SPS")]
+
+    def reached_by(step):
+        window = [p.value for p in episodes if p.step <= step][-10:]
+        return len(window) == 10 and sum(window) / 10 >= 60
+
+    assert iteration_steps[-1] == stopped_at, "the stop iteration is logged, then checkpointed"
+    assert next(step for step in iteration_steps if reached_by(step)) == stopped_at, "it stops at the first iteration that reaches it"
+    # a resume of the stopped run refills its window of episodes before it can stop again: it trains on, then stops
+    resumed = run_fleetrl("train", "ppo", "--resume", "auto", "--run-dir", str(run_dir), timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert stopped_at < int(checkpoint.load_checkpoint(run_dir)["global_step"]) < total

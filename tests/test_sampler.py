@@ -260,7 +260,7 @@ def test_an_env_error_in_the_sampler_thread_reaches_the_learner_and_close_return
 def test_policy_lag_one_trains_cartpole(tmp_path):
     run_dir = tmp_path / "lag"
     proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--policy-lag", "1", "--seed", "1", "--run-dir", str(run_dir),
-                       "--no-cuda", "--checkpoint-every", "1000", timeout=600)
+                       "--no-cuda", "--checkpoint-every", "1000", "--stop-at-return", "475", "--stop-window", "20", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "one update behind the learner" in proc.stdout
     returns = np.array([p.value for p in read_scalars(run_dir, "charts/episodic_return")])

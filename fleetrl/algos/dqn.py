@@ -181,7 +181,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         # TRY NOT TO MODIFY: start the game
         global_step, epsilon, losses = run.global_step, args.start_e, {}
         obs, _ = envs.reset(seed=run.env_seed)
-        for iteration in range(run.start_iteration + 1, num_iterations + 1):
+        for iteration in log.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) of the episodes this rank finished
             for _ in range(STEPS_PER_ITERATION):
                 global_step += args.num_envs  # every env of every rank

@@ -297,7 +297,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         run.register_per_rank(actor=sampler)  # each rank's sampling noise
         run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
 
-        for iteration in range(run.start_iteration + 1, num_iterations + 1):
+        for iteration in log.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate

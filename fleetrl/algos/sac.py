@@ -180,7 +180,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         # ------------------------------------------------------------------------ the loop
         global_step, losses = run.global_step, {}
         obs, _ = envs.reset(seed=run.env_seed)
-        for iteration in range(run.start_iteration + 1, num_iterations(args) + 1):
+        for iteration in log.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) finished on this rank
             for _ in range(STEPS_PER_ITERATION):
                 global_step += args.num_envs  # all ranks' envs

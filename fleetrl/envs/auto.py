@@ -212,7 +212,8 @@ def choose_backend(
     from fleetrl.envs.native import native_backend_support
 
     cores = cores or os.cpu_count() or 1
-    native = {} if need_frames else native_backend_support(env_id, family.name)
+    # only Atari chooses between C++ backends; probing EnvPool imports all of it (~1 s), so other families skip it
+    native = native_backend_support(env_id, family.name) if family.name == "atari" and not need_frames else {}
     if family.name == "procgen":
         return BackendChoice("envpool", "Procgen envs exist only in EnvPool")
     skipped = ""

@@ -9,6 +9,7 @@ the end, and stops the run (after its checkpoint) when any rank got SIGTERM or C
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,12 +48,30 @@ class TrainLog:
         run.closing(self.resources.start(), close=self.resources.stop)
         self.envs = envs
         self.result = TrainResult(args.run_dir, global_step=run.global_step)
+        self.return_reached: float | None = None  # set once --stop-at-return is reached; ``iterations`` then ends
         self.start_clock()
 
     def start_clock(self) -> None:
         """SPS counts from here: ``run.restore()``, right before the first iteration, calls it."""
         self.start_time, self.start_step = time.perf_counter(), self.run.global_step
         self.timer.lap()
+
+    def iterations(self) -> Iterator[int]:
+        """The loop's iterations: from the one after a resumed checkpoint's to the last, ending early (after that
+        iteration's checkpoint) once ``--stop-at-return`` is reached."""
+        for iteration in range(self.run.start_iteration + 1, self.num_iterations + 1):
+            yield iteration
+            if self.return_reached is not None:
+                return
+
+    def _return_reached(self) -> float | None:
+        """The mean of the last ``--stop-window`` episode returns, if it reached ``--stop-at-return``."""
+        target, window = getattr(self.run.args, "stop_at_return", None), getattr(self.run.args, "stop_window", 100)
+        returns = self.result.episode_returns
+        if target is None or len(returns) < window:
+            return None
+        mean = sum(returns[-window:]) / window
+        return mean if mean >= target else None
 
     def iteration(self, iteration: int, global_step: int, episodes: list[Episode],
                   losses: dict[str, Any] | None = None, charts: dict[str, float] | None = None) -> None:
@@ -73,7 +92,8 @@ class TrainLog:
         logger.scalars({f"losses/{name}": value for name, value in zip(losses, means)}, global_step)
         logger.scalars({**{f"charts/{name}": value for name, value in (charts or {}).items()}, "charts/SPS": sps,
                         "charts/SPS_window": self.steps_per_iteration / max(self.timer.last_lap_seconds, 1e-9)}, global_step)
-        last = iteration == self.num_iterations
+        self.return_reached = self._return_reached()  # the same on every rank: all ranks' episodes were gathered
+        last = iteration == self.num_iterations or self.return_reached is not None
         usage = {**self.resources.latest(), "resources/env_worker_restarts": restarts * dist.world_size}  # all ranks' envs
         logger.monitor_scalars({**perf, **usage}, global_step, last=last)
         self.progress.update(global_step, sps, logger.mean_recent_return, extra=describe_usage(usage, perf))
@@ -84,6 +104,9 @@ class TrainLog:
             run.save_checkpoint(global_step, iteration)
         if stop:
             raise run.stopped()
+        if self.return_reached is not None and dist.is_main:
+            print(f"stopping early: the mean return of the last {run.args.stop_window} episodes is {self.return_reached:.2f}, at least "
+                  f"--stop-at-return {run.args.stop_at_return:g} (global step {global_step:,})", flush=True)
 
     def finish(self, model: torch.nn.Module) -> TrainResult:
         """After the last iteration: check that every rank holds the same parameters, say where the results are."""
