@@ -74,7 +74,7 @@ class Run:
     _failed_writes: int = 0
     _signal: int | None = None  # the stop signal received, if any
     _log: TrainLog | None = None
-    _learner: Learner | None = None  # fetched from before each checkpoint (--policy-lag 1 keeps it in its own process)
+    _learner: Learner | None = None  # its state is fetched before each checkpoint (--policy-lag 1 keeps it in a process of its own)
     _old_handlers: dict = field(default_factory=dict)
 
     @classmethod
