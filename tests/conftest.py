@@ -78,3 +78,16 @@ def readline_within(proc: subprocess.Popen, timeout: float) -> str:
     if not line:
         raise AssertionError(f"no output line from pid {proc.pid} within {timeout} s")
     return line[0]
+
+
+def wait_for_checkpoint(proc: subprocess.Popen, run_dir: str | Path, min_step: int, timeout: float = 180) -> None:
+    """Block until ``run_dir`` holds a checkpoint at global step ``min_step`` or later; fail with the run's output if
+    it exits first, or after ``timeout`` s."""
+    import time
+
+    from fleetrl import checkpoint
+
+    deadline = time.time() + timeout
+    while not [c for c in checkpoint.list_checkpoints(run_dir) if int(c.stem.split("_")[1]) >= min_step]:
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() is not None else "timed out"
+        time.sleep(0.1)

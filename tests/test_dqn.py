@@ -19,7 +19,7 @@ from fleetrl import checkpoint
 from fleetrl.algos import dqn
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import fleetrl_env, killed_on_exit, run_fleetrl, start_fleetrl_group
+from conftest import fleetrl_env, killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 SHORT = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000"]  # learning begins at once on a small budget
@@ -140,10 +140,7 @@ def test_kill_9_mid_run_then_resume_auto_finishes_and_logs_every_iteration_once(
     train = ["train", "dqn", *SHORT, "--total-timesteps", str(total), "--checkpoint-every", "5", "--run-dir", str(run_dir)]
     proc = start_fleetrl_group(*train)
     with killed_on_exit(proc):
-        deadline = time.time() + 180
-        while not [c for c in checkpoint.list_checkpoints(run_dir) if int(c.stem.split("_")[1]) >= 4000]:
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() is not None else "timed out"
-            time.sleep(0.1)
+        wait_for_checkpoint(proc, run_dir, 4000)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     killed_at = int(checkpoint.load_checkpoint(run_dir)["global_step"])

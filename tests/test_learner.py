@@ -19,7 +19,7 @@ from fleetrl.errors import FleetError
 from fleetrl.learner import Learner
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 LAGGED = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000", "--policy-lag", "1", "--no-progress"]
@@ -132,10 +132,7 @@ def test_sigterm_to_the_whole_group_checkpoints_the_learners_state_then_resume_f
     train = ["train", "dqn", *LAGGED, "--total-timesteps", str(total), "--checkpoint-every", "10", "--run-dir", str(run_dir)]
     proc = start_fleetrl_group(*train)
     with killed_on_exit(proc):
-        deadline = time.time() + 180
-        while not [c for c in checkpoint.list_checkpoints(run_dir) if int(c.stem.split("_")[1]) >= 5000]:
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() is not None else "timed out"
-            time.sleep(0.1)
+        wait_for_checkpoint(proc, run_dir, 5000)
         os.killpg(proc.pid, signal.SIGTERM)  # as Slurm or Ctrl-C do: the learner gets it too, and leaves the stop to the trainer
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in output, output[-3000:]
@@ -156,10 +153,7 @@ def test_kill_9_of_the_trainer_takes_the_learner_with_it_and_resume_auto_finishe
     train = ["train", "dqn", *LAGGED, "--total-timesteps", str(total), "--checkpoint-every", "10", "--run-dir", str(run_dir)]
     proc = start_fleetrl_group(*train)
     with killed_on_exit(proc):
-        deadline = time.time() + 180
-        while not [c for c in checkpoint.list_checkpoints(run_dir) if int(c.stem.split("_")[1]) >= 5000]:
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() is not None else "timed out"
-            time.sleep(0.1)
+        wait_for_checkpoint(proc, run_dir, 5000)
         learners = learner_processes(proc.pid)
         assert learners, "the learner runs in a process of its own"
         os.kill(proc.pid, signal.SIGKILL)  # the trainer alone: its learner must not be left running
