@@ -91,3 +91,29 @@ def wait_for_checkpoint(proc: subprocess.Popen, run_dir: str | Path, min_step: i
     while not [c for c in checkpoint.list_checkpoints(run_dir) if int(c.stem.split("_")[1]) >= min_step]:
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() is not None else "timed out"
         time.sleep(0.1)
+
+
+import re  # noqa: E402
+
+import fleetrl  # noqa: E402
+
+PACKAGE_DIR = Path(fleetrl.__file__).resolve().parent
+FRAME = re.compile(r'File "([^"]+)", line \d+')
+
+
+def fleetrl_frames(output: str, subpackage: str = "") -> list[str]:
+    """The traceback frames in ``output`` that run fleetrl's own code (optionally only ``fleetrl/<subpackage>``),
+    found by where the imported package lies, never by a folder name: a clone in a folder named ``fleetrl`` puts
+    ``/fleetrl/`` into every frame of its ``.venv`` too."""
+    root = PACKAGE_DIR / subpackage if subpackage else PACKAGE_DIR
+    return [path for path in FRAME.findall(output) if Path(path).resolve().is_relative_to(root)]
+
+
+def python_in_a_clone_named_fleetrl(tmp_path: Path) -> str:
+    """This interpreter, reached through ``<tmp>/fleetrl/.venv`` (a link to its prefix), as in a fresh
+    ``git clone <repo> fleetrl && make``: every frame of torch, torchrun or pytest then lies under a ``/fleetrl/``."""
+    venv = tmp_path / "fleetrl" / ".venv"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    if not venv.exists():
+        venv.symlink_to(sys.prefix, target_is_directory=True)
+    return str(venv / Path(sys.executable).relative_to(sys.prefix))

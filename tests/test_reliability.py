@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -20,7 +21,7 @@ from fleetrl import checkpoint
 from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import fleetrl_env, run_fleetrl, start_fleetrl
+from conftest import fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, start_fleetrl
 
 STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync"]
 BATCH = 4 * 128  # classic control's default batch
@@ -115,8 +116,19 @@ def assert_same_learner(a: dict, b: dict) -> None:
             assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"optimizer state {ka}.{name} differs"
 
 
-def torchrun_cmd(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "fleetrl"]
+def torchrun_cmd(nproc: int, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "fleetrl"]
+
+
+def test_fleetrl_frames_are_found_by_the_packages_location_not_by_a_folder_named_fleetrl(tmp_path):
+    from conftest import PACKAGE_DIR
+
+    python = python_in_a_clone_named_fleetrl(tmp_path)
+    launcher = Path(python).parent.parent / "lib" / "python3.11" / "site-packages" / "torch" / "distributed" / "run.py"
+    ours, algo = PACKAGE_DIR / "run.py", PACKAGE_DIR / "algos" / "ppo.py"
+    output = "\n".join(f'  File "{path}", line 7, in f' for path in (launcher, ours, algo))
+    assert "/fleetrl/" in str(launcher), "the launcher's frame lies under a folder named fleetrl"
+    assert fleetrl_frames(output) == [str(ours), str(algo)] and fleetrl_frames(output, "algos") == [str(algo)]
 
 
 @pytest.mark.slow
@@ -124,7 +136,9 @@ def torchrun_cmd(nproc: int) -> list[str]:
 def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, nproc):
     iterations = 40
     train = ["train", "ppo", *STATELESS, "--num-envs", "4", "--total-timesteps", str(iterations * BATCH), "--checkpoint-every", "4"]
-    launcher = torchrun_cmd(nproc) if nproc > 1 else [sys.executable, "-m", "fleetrl"]
+    # launched as from a clone in a folder named fleetrl, where torchrun's own frames lie under .../fleetrl/.venv
+    python = python_in_a_clone_named_fleetrl(tmp_path)
+    launcher = torchrun_cmd(nproc, python) if nproc > 1 else [python, "-m", "fleetrl"]
 
     whole = subprocess.run([*launcher, *train, "--run-dir", str(tmp_path / "whole")], capture_output=True, text=True,
                            env=fleetrl_env(), timeout=300)
@@ -144,7 +158,7 @@ def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_a
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0 and "stopped by SIGTERM" in output and "--resume auto" in output, output[-3000:]
     # torchrun itself prints the SignalException it ends on; no traceback may come from fleetrl's ranks
-    assert ("Traceback" not in output) if nproc == 1 else ("/fleetrl/" not in output.split("Traceback", 1)[-1]), output[-3000:]
+    assert ("Traceback" not in output) if nproc == 1 else not fleetrl_frames(output), output[-3000:]
     assert output.count("stopped by SIGTERM") == 1, "rank 0 reports the stop once"
     stopped_at = checkpoint.load_checkpoint(stopped_dir)
     assert 4 * BATCH <= stopped_at["global_step"] < iterations * BATCH
@@ -236,7 +250,7 @@ def test_ppo_goes_on_through_env_worker_crashes_counts_them_and_stops_after_the_
 
     limited = run_fleetrl(*flaky, "--max-env-restarts", "1", "--run-dir", str(tmp_path / "limited"), timeout=300)
     assert limited.returncode != 0 and "--max-env-restarts" in limited.stderr and "FlakyEnv was told to fail" in limited.stderr
-    assert "fleetrl/algos" not in limited.stderr, "no trainer traceback: only the env's own, inside the message"
+    assert not fleetrl_frames(limited.stderr, "algos"), "no trainer traceback: only the env's own, inside the message"
 
 
 # ------------------------------------------------------------------------------------------ a disk that fills up
