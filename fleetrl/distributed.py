@@ -115,17 +115,26 @@ class Dist:
         return (self.allreduce_sum_np(np.asarray(values, np.float64)) / self.world_size).tolist()
 
     def normalize(self, x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-        """(x - mean) / (std + eps) with the mean and unbiased std of x over all ranks together."""
-        if not self.enabled:
-            return (x - x.mean()) / (x.std() + eps)
+        """(x - mean) / (std + eps) with the mean and unbiased std of x over all ranks together.
+
+        The statistics are float64, two-pass: each rank's count, mean and sum of squared deviations, gathered and
+        combined as Chan et al. combine partial variances (alone: its own). A sum of squares minus n * mean**2 cancels
+        badly when the mean is large against the spread, so W ranks would not compute what one process computes."""
         with torch.no_grad():
-            sums = torch.stack([torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device), x.sum(), (x * x).sum()])
-            with self._timed():
-                dist.all_reduce(sums)
-            n, total, total_sq = sums
-            mean = total / n
-            std = ((total_sq - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
-        return (x - mean) / (std + eps)
+            local = x.detach().to(torch.float64)
+            local_mean = local.mean()
+            mine = torch.stack([torch.tensor(float(local.numel()), dtype=torch.float64, device=x.device), local_mean,
+                                ((local - local_mean) ** 2).sum()])
+            parts = [mine]
+            if self.enabled:
+                parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+                with self._timed():
+                    dist.all_gather(parts, mine)
+            counts, means, squares = torch.stack(parts).unbind(1)
+            n = counts.sum()
+            mean = (counts * means).sum() / n
+            var = (squares.sum() + (counts * (means - mean) ** 2).sum()) / (n - 1)
+        return (x - mean.to(x.dtype)) / (var.sqrt().to(x.dtype) + eps)
 
     def broadcast_parameters(self, module: torch.nn.Module) -> None:
         """Start every replica from rank 0's initial parameters."""

@@ -174,6 +174,20 @@ def test_averaged_gradient_and_update_at_world_size_two_equal_world_size_one(tmp
 
 
 @pytest.mark.slow
+def test_advantages_with_a_large_mean_normalise_on_two_ranks_as_in_one_process(tmp_path):
+    script = str(TESTS_DIR / "dist_adv_norm_check.py")
+    (tmp_path / "w1").mkdir(), (tmp_path / "w2").mkdir()
+    one = subprocess.run([sys.executable, script, str(tmp_path / "w1")], capture_output=True, text=True, timeout=120, env=fleetrl_env())
+    assert one.returncode == 0, one.stderr
+    two = torchrun("--standalone", "--nproc_per_node=2", script, str(tmp_path / "w2"), timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    whole = torch.load(tmp_path / "w1" / "rank0.pt")
+    halves = torch.cat([torch.load(tmp_path / "w2" / f"rank{r}.pt") for r in (0, 1)])
+    assert 0.9 < float(whole.std()) < 1.1, "normalised to unit spread"
+    torch.testing.assert_close(halves, whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_torchrun_two_processes_finish_with_identical_replicas_and_log_both_ranks_episodes(tmp_path):
     run_dir = tmp_path / "run"
     total = 16 * 512
