@@ -14,11 +14,12 @@ from conftest import run_fleetrl
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.algos.ppo import Agent
 from fleetrl.envs import make_vector_env
-from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
+from fleetrl.envs.shm import SharedMemoryVectorEnv
 from fleetrl.envs.vector import SyncVectorEnv
 from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.monitor.timing import PhaseTimer
+from fleetrl.sampling.normalize import ObsNormalizer
 from fleetrl.sampling.rollout import compute_gae
 from fleetrl.sampling.sampler import Sampler
 from test_gae import reference_gae
@@ -60,10 +61,12 @@ def counting(n: int, **kwargs) -> list[MakeEnv]:
     return [MakeEnv("ShmCounting-v0", kwargs) for _ in range(n)]
 
 
-@pytest.mark.parametrize("backend", ["sync", "async"])
+@pytest.mark.parametrize("backend", ["sync", "async", "async-threads"])
 def test_split_rollout_gives_the_serial_batch_for_the_same_seed_and_weights(backend):
-    build = (lambda: SyncVectorEnv(counting(4))) if backend == "sync" else (lambda: SharedMemoryVectorEnv(counting(4), num_workers=2))
-    mode_serial, serial = collect_rollouts(build(), split=False)
+    threads = 2 if backend == "async-threads" else 1  # envs that wait: each worker steps its 2 envs at once
+    build = (lambda: SyncVectorEnv(counting(4))) if backend == "sync" else (
+        lambda: SharedMemoryVectorEnv(counting(4), num_workers=2, threads=threads))
+    mode_serial, serial = collect_rollouts(SyncVectorEnv(counting(4)), split=False)  # the in-process serial loop
     mode_split, split = collect_rollouts(build(), split=True if backend == "sync" else None)  # async splits by itself
     assert (mode_serial, mode_split) == ("serial", "split")
     assert_same_batches(serial, split)
@@ -140,6 +143,48 @@ def test_first_ready_rollout_is_full_follows_each_env_and_a_slow_env_contributes
             sampler.weights_updated()
     finally:
         sampler.close()
+
+
+def test_first_ready_policy_lag_chart_counts_the_transitions_acted_on_before_the_update():
+    # each rollout after the first opens with one transition per env whose action the previous weights chose
+    fns = [MakeEnv("ShmCounting-v0", {"length": 6}) for _ in range(4)]
+    envs = SharedMemoryVectorEnv(fns, num_workers=4, async_batch=2)
+    sampler = Sampler(envs, make_agent(envs), 8, device=torch.device("cpu"), seed=0, env_seed=1, timer=PhaseTimer(), async_batch=2)
+    try:
+        lags = []
+        for _ in range(3):
+            rollout = sampler.collect()
+            lags.append(sampler.policy_lag)
+            sampler.weights_updated()
+        assert lags == [0.0, 4 / rollout.env_ids.size, 4 / rollout.env_ids.size], lags
+    finally:
+        sampler.close()
+
+
+def test_observations_are_normalised_without_reward_normalisation():
+    envs = SyncVectorEnv(counting(2))
+    obs_norm = ObsNormalizer(envs.single_observation_space.shape)
+    sampler = Sampler(envs, make_agent(envs), 16, device=torch.device("cpu"), seed=0, env_seed=5, timer=PhaseTimer(), obs_norm=obs_norm)
+    try:
+        rollout = sampler.collect()
+    finally:
+        sampler.close()
+    assert obs_norm.rms.count > 16, "every step's observations update the statistics"
+    assert np.abs(rollout.obs[1:].mean(axis=(0, 1))).max() < 2.0, "the stored observations are normalised, not raw ([seed, ...])"
+
+
+def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch, capsys):
+    import fleetrl.sampling.sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "THREAD_JOIN_S", 0.2)
+    envs = SyncVectorEnv([MakeEnv("fleetrl_test_envs:Flaky-v0", {"fail_on_step": 3, "how": "hang"})] * 2)
+    closed = []
+    envs.close = lambda: closed.append(True)
+    sampler = Sampler(envs, make_agent(envs), 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
+    sampler._start_thread()
+    time.sleep(0.5)  # the thread is inside the hanging step
+    sampler.close()
+    assert not closed and "did not stop within 0.2 s" in capsys.readouterr().err
 
 
 def test_first_ready_needs_a_backend_that_returns_the_first_envs_ready():

@@ -41,6 +41,7 @@ class RolloutBuffer:
         self.episodes: list[tuple[int, float, int]] = []
         self.global_step = 0
         self.policy_version = 0
+        self.acting_version = 0.0  # the version that acted, averaged over the transitions (first-ready mixes two)
         self.actor_state: dict = {}  # the sampling RNG after this rollout (what a checkpoint saves)
         self.norm_sums: list = []  # --policy-lag 1: this rollout's normalisation sums, merged by the learner
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import queue
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -45,6 +46,7 @@ ACTOR_DEVICES = ("auto", "cpu", "learner")
 ACTOR_PROBE_CALLS = 20  # timed acting calls per candidate device (after 3 warm-up calls): a few ms to a second
 ACTING_THREADS = 1  # torch threads while acting: one step's batch gains little from more, and split/lag leave the rest to envs and learner (docs/sampling.md)
 _POLL_S = 0.05  # how often a blocked sampler thread checks that it should stop
+THREAD_JOIN_S = 60.0  # close() waits this long for the sampler thread (it stops within one env step)
 
 
 class _Stopped(Exception):
@@ -123,6 +125,7 @@ class Sampler:
                          for _ in range(2 if self.lagged else 1)]
         # per env: the transition acted on and not yet completed by the env's step result
         self._pending = RolloutBuffer(1, self.num_envs, obs_space.shape, obs_dtype, act_space.shape, act_space.dtype)
+        self._pending_version = np.zeros(self.num_envs)  # the weights' version that acted on each pending transition
         self._next_obs = np.zeros((self.num_envs, *obs_space.shape), obs_dtype)
         self._clip = (act_space.low, act_space.high) if isinstance(act_space, gym.spaces.Box) else None
         self._to_step: np.ndarray | None = None
@@ -145,10 +148,7 @@ class Sampler:
                 rollout = self._fill(self._buffers[0])
         else:
             if self._thread is None:
-                for buffer in self._buffers:
-                    self._free.put(buffer)
-                self._thread = threading.Thread(target=self._run, name="fleetrl-sampler", daemon=True)
-                self._thread.start()
+                self._start_thread()
             if self._current is not None:
                 self._free.put(self._current)  # the learner is done with the previous rollout
             with self.timer.wait:
@@ -156,8 +156,15 @@ class Sampler:
             if isinstance(rollout, BaseException):
                 raise rollout
         self._current = rollout
-        self._lag = self.version - rollout.policy_version
+        self._lag = self.version - rollout.acting_version
         return rollout
+
+    def _start_thread(self) -> None:
+        """--policy-lag 1: the sampler thread starts collecting into the free buffers."""
+        for buffer in self._buffers:
+            self._free.put(buffer)
+        self._thread = threading.Thread(target=self._run, name="fleetrl-sampler", daemon=True)
+        self._thread.start()
 
     def weights_updated(self) -> None:
         """After the optimiser steps: publish the new weights (versioned) for the next rollout to act with."""
@@ -173,8 +180,10 @@ class Sampler:
             self.acting_version = self.version
 
     @property
-    def policy_lag(self) -> int:
-        """Learner updates between the weights that collected the latest rollout and the weights it trains."""
+    def policy_lag(self) -> float:
+        """Learner updates between the weights that acted in the latest rollout and the weights that train on it,
+        averaged over its transitions: 0 in the serial and split loops, 1 with --policy-lag 1, and a fraction more
+        with first-ready batches, whose rollouts open with one transition per env acted on before the last update."""
         return self._lag
 
     def state_dict(self) -> dict[str, Any]:
@@ -185,10 +194,15 @@ class Sampler:
         self.actor.load_state_dict(state)
 
     def close(self) -> None:
-        """Stop the sampler thread (within one env step), then close the envs."""
+        """Stop the sampler thread (within one env step), then close the envs. A thread that does not stop (an env
+        step that hangs) keeps its envs: closing them under it would fail in it; the process's exit closes both."""
         self._stopping = True
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=THREAD_JOIN_S)
+            if self._thread.is_alive():
+                print(f"fleetrl: warning: the sampler thread did not stop within {THREAD_JOIN_S:g} s (an env step hangs?); "
+                      f"its envs are left to close when the process exits.", file=sys.stderr, flush=True)
+                return
         self.envs.close()
 
     # ---------------------------------------------------------------- choices made at start
@@ -269,6 +283,7 @@ class Sampler:
             self._fill_first_ready(b, start)
         else:
             self._fill_in_turns(b, start)
+            b.acting_version = float(self.acting_version)
         self._step = start + self.num_steps * self._global_envs
         b.global_step = self._step
         b.actor_state = self.actor.state_dict()
@@ -301,13 +316,16 @@ class Sampler:
         """Row r is the r-th batch that arrived. Every env stays in flight across rollouts: an env's last
         transition here bootstraps from the value of its next observation, already acted on, and that
         action's transition opens the env's trajectory in the next rollout."""
+        acted = 0.0  # the versions that acted on this rollout's transitions, summed
         for r in range(b.num_steps):
             *result, ids = self._recv(None)
             tag = start + ((r + 1) * self.async_batch * self._global_envs) // self.num_envs
+            acted += float(self._pending_version[ids].sum())
             obs = self._complete(b, (r, slice(None)), ids, result, tag, pending=True)
             b.env_ids[r] = ids
             self._send(self._act(ids, obs, self._noise(len(ids))), ids)
         b.last_values[:] = self._pending.values[0]
+        b.acting_version = acted / (b.num_steps * b.num_envs)
 
     def _noise(self, n: int) -> np.ndarray:
         with self.timer.inference:
@@ -317,6 +335,8 @@ class Sampler:
         """Act on envs ``ids``; returns the actions to send. The transitions go to ``into`` = (buffer, slot)
         when their row is known now (one row a step), else they wait as the envs' pending transitions."""
         buffer, slot = into if into is not None else (self._pending, (0, ids))
+        if into is None:
+            self._pending_version[ids] = self.acting_version
         with self.timer.inference:
             action, logprob, value = self.actor.act(obs, noise)
             buffer.obs[slot], buffer.actions[slot], buffer.logprobs[slot], buffer.values[slot] = obs, action, logprob, value
@@ -329,6 +349,7 @@ class Sampler:
         done = terminated | truncated
         if self.reward_norm is not None:
             reward = self.reward_norm(reward, done, ids)
+        if self.obs_norm is not None:
             obs = self.obs_norm(obs)
         if pending:
             p = self._pending
