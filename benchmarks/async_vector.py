@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from fleetrl.envs.registry import EnvFactory  # noqa: E402
-from fleetrl.envs.shm_vector import SharedMemoryVectorEnv  # noqa: E402
+from fleetrl.envs.shm import SharedMemoryVectorEnv  # noqa: E402
 from fleetrl.envs.vector import GymSyncVectorEnv  # noqa: E402
 from fleetrl.envs.wrappers import EpisodeStats  # noqa: E402
 

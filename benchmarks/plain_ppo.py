@@ -3,7 +3,8 @@
 Imported by benchmarks/ppo_speed.py and benchmarks/ppo_sps.py; not run on its own. One loop serves both
 (CleanRL's two files differ only in the envs, the network and a few hyperparameters): gymnasium
 ``SyncVectorEnv``, fp32, float32 torch rollout storage, a ``Categorical`` built every step, GAE in a Python
-loop, a minibatch gather per minibatch. Atari uses CleanRL's wrapper chain (noop reset 30, max-and-skip 4,
+loop, a minibatch gather per minibatch (``vector="async"``: gymnasium's ``AsyncVectorEnv`` instead, a process per
+env, as a CleanRL user steps envs that wait). Atari uses CleanRL's wrapper chain (noop reset 30, max-and-skip 4,
 episodic life, fire reset, reward clipping, 84x84 grayscale, frame stack 4), built from gymnasium's
 ``AtariPreprocessing`` and ``FrameStackObservation`` plus SB3's episodic-life, fire-reset and clip-reward wrappers.
 """
@@ -38,6 +39,7 @@ class PlainSpec:
     max_grad_norm: float = 0.5
     gamma: float = 0.99
     gae_lambda: float = 0.95
+    vector: str = "sync"  # gymnasium's SyncVectorEnv, or "async": its AsyncVectorEnv (a process per env), for envs that wait
 
 
 CARTPOLE = PlainSpec("CartPole-v1", atari=False, num_envs=4, num_steps=128)  # CleanRL ppo.py
@@ -125,7 +127,8 @@ def plain_ppo(spec: PlainSpec, iterations: int, seed: int = 1, device: str = "cp
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = True
     dev = torch.device(device)
-    envs = gym.vector.SyncVectorEnv([make_env(spec) for _ in range(spec.num_envs)])
+    vector = gym.vector.AsyncVectorEnv if spec.vector == "async" else gym.vector.SyncVectorEnv
+    envs = vector([make_env(spec) for _ in range(spec.num_envs)])
     obs_shape, num_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
     agent = (AtariAgent(num_actions) if spec.atari else MlpAgent(int(np.prod(obs_shape)), num_actions)).to(dev)
     optimizer = torch.optim.Adam(agent.parameters(), lr=spec.learning_rate, eps=1e-5)

@@ -15,6 +15,12 @@ Scenarios (``--scenarios``, default all):
                 (I/O-bound, like a remote simulator). Target: lag 1 >= 1.4x lag 0.
   straggler     8 busy-wait envs of which one is 10x slower, async backend, `--async-batch 4`, against the all-fast
                 run with the same flags. Target: >= 70% of the all-fast run.
+  wait-envs     64 envs whose step sleeps 5 ms (benchmarks/ppo_speed_envs.py), 64 envs x 32 steps, MLP: `fleetrl train
+                ppo` with its defaults against the CleanRL-style loop on gymnasium's AsyncVectorEnv (a process per env).
+                Target >= 1.5x.
+  socket-sim    16 envs that each talk over loopback TCP to a simulator server computing ~0.2 ms a step
+                (benchmarks/socket_sim.py; the server starts and stops with the benchmark), 16 envs x 128 steps: the
+                same comparison. Target >= 1.5x.
 
 How it measures: every run is its own subprocess (fresh threads, a fresh torch.compile cache, nothing shared
 between variants), and the variants alternate within each repeat (A B A B ..., never A A B B). A run's SPS counts
@@ -33,7 +39,9 @@ flags as `fleetrl train ppo` does and marks the end of each iteration when ``tra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import platform
@@ -54,7 +62,8 @@ RESULT_MARKER = "PPO_SPEED_RESULT "  # the runner's one line of JSON on stdout
 STDERR_TAIL_LINES = 12
 BUSY_ENV, SLEEP_ENV, STRAGGLER_ENV = ("ppo_speed_envs:BusyWait200us-v0", "ppo_speed_envs:Sleep200us-v0",
                                       "ppo_speed_envs:Straggler-v0")
-PLAIN_KINDS = ("plain-breakout", "plain-cartpole")
+WAIT_ENV, SOCKET_ENV = "ppo_speed_envs:Sleep5ms-v0", "socket_sim:SocketSim-v0"
+PLAIN_KINDS = ("plain-breakout", "plain-cartpole", "plain-async")  # plain-async: any env, --num-envs/--num-steps from its flags
 
 
 # ============================================================================ what is measured
@@ -104,6 +113,13 @@ def scenarios(extra: list[tuple[str, tuple[str, ...]]]) -> dict[str, Scenario]:
                 Variant(f"{how}, split (the default)", "fleetrl", env_id, slow + ("--policy-lag", "0"), baseline=serial),
                 Variant(f"{how}, --policy-lag 1", "fleetrl", env_id, slow + ("--policy-lag", "1"), baseline=serial)]
     straggle = slow + ("--async-batch", "4")
+
+    def against_gym_async(env_id: str, shape: tuple[str, ...]) -> list[Variant]:
+        plain = "plain loop on gymnasium AsyncVectorEnv"
+        return [Variant(plain, "plain-async", env_id, shape),
+                Variant("fleetrl (defaults)", "fleetrl", env_id, shape, baseline=plain),
+                Variant("fleetrl --policy-lag 1", "fleetrl", env_id, shape + ("--policy-lag", "1"), baseline=plain)]
+
     return {
         "breakout": Scenario(
             "breakout", "PPO BreakoutNoFrameskip-v4, CleanRL's Atari defaults (8 envs x 128 steps, 4 epochs x 4 minibatches)",
@@ -123,6 +139,17 @@ def scenarios(extra: list[tuple[str, tuple[str, ...]]]) -> dict[str, Scenario]:
             variants=[Variant("all envs fast", "fleetrl", BUSY_ENV, straggle),
                       Variant("one env 10x slower", "fleetrl", STRAGGLER_ENV, straggle, baseline="all envs fast")],
             targets=[Target("one env 10x slower", "all envs fast", 0.7, "one slow env >= 70% of the all-fast run")]),
+        "wait-envs": Scenario(
+            "wait-envs", "PPO on 64 envs whose step sleeps 5 ms, 64 envs x 32 steps, MLP: fleetrl against the plain loop on "
+                         "gymnasium's AsyncVectorEnv", iterations=16, quick_iterations=3,
+            variants=against_gym_async(WAIT_ENV, ("--num-envs", "64", "--num-steps", "32")),
+            targets=[Target("fleetrl (defaults)", "plain loop on gymnasium AsyncVectorEnv", 1.5, "fleetrl >= 1.5x the plain loop")]),
+        "socket-sim": Scenario(
+            "socket-sim", "PPO on 16 envs talking to a simulator server over loopback TCP (~0.2 ms of compute a step), "
+                          "16 envs x 128 steps: fleetrl against the plain loop on gymnasium's AsyncVectorEnv",
+            iterations=12, quick_iterations=3,
+            variants=against_gym_async(SOCKET_ENV, ("--num-envs", "16", "--num-steps", "128")),
+            targets=[Target("fleetrl (defaults)", "plain loop on gymnasium AsyncVectorEnv", 1.5, "fleetrl >= 1.5x the plain loop")]),
     }
 
 
@@ -169,11 +196,19 @@ class Recorder:
 
 
 def run_plain(kind: str, opts: argparse.Namespace, recorder: Recorder) -> int:
-    from plain_ppo import BREAKOUT, CARTPOLE, plain_ppo
+    from plain_ppo import BREAKOUT, CARTPOLE, PlainSpec, plain_ppo
 
     import torch
 
-    spec = BREAKOUT if kind == "plain-breakout" else CARTPOLE
+    if kind == "plain-async":  # the classic hyperparameters, on the variant's env and batch shape
+        shape = argparse.ArgumentParser()
+        shape.add_argument("--num-envs", type=int, required=True)
+        shape.add_argument("--num-steps", type=int, required=True)
+        given = shape.parse_args(shlex.split(opts.flags))
+        importlib.import_module(opts.env_id.split(":")[0])  # registers the custom env
+        spec = PlainSpec(opts.env_id.split(":")[1], atari=False, num_envs=given.num_envs, num_steps=given.num_steps, vector="async")
+    else:
+        spec = BREAKOUT if kind == "plain-breakout" else CARTPOLE
     plain_ppo(spec, opts.iterations, seed=1, device="cuda" if opts.cuda and torch.cuda.is_available() else "cpu",
               on_iteration=recorder.mark)
     return spec.num_envs * spec.num_steps
@@ -398,6 +433,15 @@ def main() -> None:
     if any(n <= opts.warmup for n in iterations.values()):
         raise SystemExit(f"--iterations must be above --warmup ({opts.warmup})")
 
+    with contextlib.ExitStack() as servers:
+        if any(v.env_id == SOCKET_ENV for s in todo for v in s.variants):
+            from socket_sim import running_server
+
+            servers.enter_context(running_server())  # the simulator server, for the runs; stopped after them
+        run_all(todo, iterations, opts)
+
+
+def run_all(todo: list[Scenario], iterations: dict[str, int], opts: argparse.Namespace) -> None:
     header = host_description()
     for line in header:
         print(line, flush=True)

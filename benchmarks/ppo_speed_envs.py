@@ -5,6 +5,7 @@
 
 - ``BusyWait200us-v0``: each step burns 200 us of CPU (a simulator written in Python).
 - ``Sleep200us-v0``: each step sleeps 200 us (waiting on a remote simulator: no CPU used).
+- ``Sleep5ms-v0``: each step sleeps 5 ms (a simulator or server that answers in a few milliseconds; issue 21's env).
 - ``Straggler-v0``: busy-wait envs where one env of every 8 is 10x slower (2 ms). Which one is decided at its
   first seeded reset: fleetrl seeds env i with ``seed + i``, so exactly one of 8 consecutive envs has a seed
   divisible by 8, whatever the base seed, and in whichever worker process it was built.
@@ -59,4 +60,5 @@ class SlowEnv(gym.Env):
 
 gym.register("BusyWait200us-v0", entry_point=SlowEnv, kwargs={"step_us": STEP_US})
 gym.register("Sleep200us-v0", entry_point=SlowEnv, kwargs={"step_us": STEP_US, "sleep": True})
+gym.register("Sleep5ms-v0", entry_point=SlowEnv, kwargs={"step_us": 5000.0, "sleep": True})
 gym.register("Straggler-v0", entry_point=SlowEnv, kwargs={"step_us": STEP_US, "slow_one_in": 8})

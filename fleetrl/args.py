@@ -12,6 +12,7 @@ from typing import Any
 
 from fleetrl import config
 from fleetrl.distributed import split_evenly
+from fleetrl.envs.stepping import check_flags as check_stepping_flags
 from fleetrl.errors import FleetError
 
 STEPS_PER_ITERATION = 100  # off-policy: vector steps between logging calls (CleanRL logs every 100 steps)
@@ -72,6 +73,10 @@ class CommonArgs:
     """env worker processes (async backend) that may crash or hang and be restarted in one run before it stops"""
     env_timeout: float = 60.0
     """seconds an env worker may take to answer before it counts as hung and is restarted (0: wait forever)"""
+    env_workers: int | None = None
+    """env worker processes (async backend) or C++ threads (ale, envpool) [planned: one per core; envs that wait get more, docs/backends.md]"""
+    env_threads: int | None = None
+    """stepping threads in each async env worker: envs that wait overlap their waits; 1: processes only, for envs not safe to step from several threads [planned from a measured step]"""
 
 
 # what each common numeric flag accepts (after the family defaults are filled), checked before anything starts
@@ -88,6 +93,10 @@ COMMON_RANGES = {
     "dist_timeout": DIST_TIMEOUT,
     "max_env_restarts": config.count("env worker restarts allowed in one run", low=0),
     "env_timeout": config.Range("seconds an env worker may take to answer; 0: wait forever", low=0, high=1e9),
+    "env_workers": config.count("env worker processes (or C++ env threads)", high=4096, optional=True,
+                                hint="Leave it out to size them from a measured step."),
+    "env_threads": config.count("stepping threads in each env worker", high=4096, optional=True,
+                                hint="Leave it out to size them from a measured step."),
 }
 
 
@@ -97,7 +106,8 @@ def validate_common(args: Any, world_size: int, ranges: dict[str, config.Range])
     if args.run_dir is not None and not args.run_dir.strip():
         raise FleetError("--run-dir is empty: give the folder for the logs and checkpoints, or leave it out for "
                          "runs/{env_id}__{exp_name}__{seed}__{timestamp}.")
-    split_evenly(args.num_envs, world_size, "The number of environments", "--num-envs")
+    local_num_envs = split_evenly(args.num_envs, world_size, "The number of environments", "--num-envs")
+    check_stepping_flags(local_num_envs, args.env_backend, args.env_workers, args.env_threads)
 
 
 @dataclass

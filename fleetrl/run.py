@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fleetrl import checkpoint, config, runtime
+from fleetrl.cores import available_cores
 from fleetrl.args import DIST_TIMEOUT
 from fleetrl.distributed import Dist, init_distributed, launched_by_torchrun, rank_seed, split_evenly
 from fleetrl.envs import EnvFamily, env_family, make_vector_env
@@ -128,7 +129,7 @@ class Run:
         # a CNN's spinning threads collapse beside other jobs; sleeping ones do not (docs/backends.md, "Thread plan")
         watch = cnn and args.torch_threads is None and not runtime.threads_wait_passively()
         busy = runtime.busy_cores_elsewhere() if watch else 0.0
-        run.threads = runtime.plan_threads(os.cpu_count(), dist.local_world_size, local_num_envs, cnn=cnn,
+        run.threads = runtime.plan_threads(None, dist.local_world_size, local_num_envs, cnn=cnn,
                                            policy_lag=getattr(args, "policy_lag", 0), torch_threads=args.torch_threads, busy_elsewhere=busy)
         if hasattr(args, "buffer_size"):  # off-policy: --policy-lag 1 runs the updates in a learner process (fleetrl/learner.py)
             run.threads = replace(run.threads, lag_worker="learner process")
@@ -147,6 +148,7 @@ class Run:
             args.env_id, self.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=self.family,
             cores=self.cores, verbose=self.dist.is_main, threads=self.threads,
             max_restarts=args.max_env_restarts, env_timeout=args.env_timeout,  # a crashed or hung env worker is restarted
+            env_workers=args.env_workers, env_threads=args.env_threads,  # the async backend's processes and stepping threads
             video_dir=f"{args.run_dir}/videos" if args.capture_video and self.dist.is_main else None, **options))
         check_spaces(args.env_id, envs.single_observation_space, envs.single_action_space, self.algo)
         self.check_env(envs.single_observation_space.shape, envs.single_action_space.shape)  # a resumed checkpoint must fit
@@ -310,7 +312,7 @@ class Run:
         """The CPU cores this process may use: the machine's share for each process on it."""
         if self.threads is not None:
             return self.threads.cores
-        return max(1, (os.cpu_count() or 1) // self.dist.local_world_size)
+        return max(1, available_cores() // self.dist.local_world_size)
 
     @property
     def seed(self) -> int:

@@ -7,10 +7,12 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from fleetrl.cores import cores as machine_cores
 from fleetrl.errors import FleetError
 
 
@@ -51,19 +53,27 @@ class ThreadPlan:
     torch_threads_explicit: bool = False  # set with --torch-threads, not planned
     local_world_size: int = 1
     busy_elsewhere: float = 0.0  # cores other processes kept busy when the plan was made
+    allocation: str = ""  # what limits the cores, when less than the machine's (fleetrl/cores.py), e.g. "affinity mask 1 of 2"
 
-    def env_part(self, backend: str) -> str:
+    def env_part(self, backend: str, stepping: Any = None) -> str:
         if backend in IN_PROCESS_BACKENDS:
             return "envs step in the trainer's thread"
+        if stepping is not None:  # the async backend's plan (fleetrl/envs/stepping.py)
+            return stepping.describe()
         if backend == "async":
             return f"{self.env_workers} env worker process{'es' if self.env_workers != 1 else ''}"
+        if backend == "gym-async":
+            return "a process per env (gymnasium)"
         if backend in ("ale", "envpool"):
             return f"{self.env_workers} {backend} thread{'s' if self.env_workers != 1 else ''}"
         return f"{self.env_workers} env workers if the backend has them"
 
-    def describe(self, backend: str = "auto") -> str:
-        """One line for the start of a run, e.g. ``threads on 2 cores: torch 2 (planned), 2 env worker processes, no sampler thread``."""
+    def describe(self, backend: str = "auto", stepping: Any = None) -> str:
+        """One line for the start of a run, e.g. ``threads on 2 cores: torch 2 (planned), 2 env worker processes, no sampler thread``;
+        ``stepping``: the async backend's plan of workers and threads, when it has one."""
         share = f"{self.cores} core{'s' if self.cores != 1 else ''}"
+        if self.allocation:
+            share += f" ({self.allocation})"
         if self.local_world_size > 1:
             share += f" (this process's share of {self.local_world_size})"
         if self.torch_threads_explicit:
@@ -74,7 +84,7 @@ class ThreadPlan:
             why = "planned"
         torch_part = f"torch {self.torch_threads} ({why})"
         sampler = f"1 {self.lag_worker} (--policy-lag)" if self.sampler_thread else f"no {self.lag_worker}"
-        return f"threads on {share}: {torch_part}, {self.env_part(backend)}, {sampler}"
+        return f"threads on {share}: {torch_part}, {self.env_part(backend, stepping)}, {sampler}"
 
 
 def plan_threads(
@@ -108,7 +118,10 @@ def plan_threads(
     - ``--policy-lag 1`` adds the sampler thread and keeps the rest: in an emulation on Breakout the
       learner with 2 threads beside the sampler still beat 1 thread.
     """
-    cores = cores or os.cpu_count() or 1
+    allocation = ""
+    if cores is None:  # this process's allocation: its affinity mask within its cgroup's quota
+        found = machine_cores()
+        cores, allocation = found.usable, found.limits()
     local_world_size = max(local_world_size, 1)
     share = max(1, cores // local_world_size)
     if torch_threads is not None:
@@ -122,7 +135,7 @@ def plan_threads(
         threads = 1
     return ThreadPlan(cores=share, torch_threads=threads, env_workers=max(1, min(num_envs, share)), sampler_thread=policy_lag > 0,
                       torch_threads_explicit=torch_threads is not None, local_world_size=local_world_size,
-                      busy_elsewhere=float(busy_elsewhere))
+                      busy_elsewhere=float(busy_elsewhere), allocation=allocation)
 
 
 def threads_wait_passively() -> bool:

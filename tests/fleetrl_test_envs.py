@@ -374,3 +374,105 @@ class SlowCartPoleEnv(gym.Wrapper):
 
 
 gym.register("SlowCartPole-v1", entry_point=SlowCartPoleEnv)
+
+
+# --- envs that wait (tests/test_wait_envs.py) --------------------------------------------------------------------------
+
+
+def _in_env_worker() -> bool:
+    import multiprocessing
+
+    return multiprocessing.current_process().name.startswith("fleetrl-env-worker")
+
+
+class BarrierEnv(gym.Env):
+    """An env that waits on others: in fleetrl's env workers its ``t``-th step cannot finish until ``at_once`` copies
+    (of any worker process) have begun their ``t``-th step, or it raises after ``timeout`` s. Envs stepped one after
+    another in a worker never get through. The copies meet in a folder (``$FLEETRL_TEST_BARRIER_DIR``): each step
+    leaves a file there. Outside the workers (fleetrl's probes in the trainer) a step just sleeps 2 ms."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, at_once: int = 8, timeout: float = 20.0, length: int = 40):
+        import os
+        import uuid
+
+        self.at_once, self.timeout, self.length = at_once, timeout, length
+        self.folder = os.environ.get("FLEETRL_TEST_BARRIER_DIR")
+        self.name, self.steps, self.t = uuid.uuid4().hex, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.uniform(-1, 1, 2).astype(np.float32), {}
+
+    def step(self, action):
+        import os
+        import time
+
+        self.steps += 1
+        self.t += 1
+        if self.folder and _in_env_worker():
+            open(os.path.join(self.folder, f"{self.steps}-{self.name}"), "w").close()
+            deadline = time.monotonic() + self.timeout
+            while sum(1 for f in os.listdir(self.folder) if f.startswith(f"{self.steps}-")) < self.at_once:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"BarrierEnv: fewer than {self.at_once} envs stepped at once (step {self.steps})")
+                time.sleep(0.001)
+        else:
+            time.sleep(0.002)
+        obs = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return obs, float(int(action) == int(obs[0] > 0)), False, self.t >= self.length, {}
+
+
+gym.register("Barrier-v0", entry_point=BarrierEnv)
+
+
+_GLOBAL = {"counter": 0}  # one per process: state that every copy of GlobalStateEnv shares, as a C library's globals
+_INSIDE = {"now": 0, "most": 1}  # most: never below 1, so a reset reports what a lone step would
+
+
+class GlobalStateEnv(gym.Env):
+    """An env that is not thread-safe: its state is a module global, as in a C library with globals, so copies stepped
+    from two threads at once advance each other's counter. Obs ``[counter, most]``: ``most`` is the largest number of
+    copies ever inside ``step`` at once in this process (1 where copies never step beside each other)."""
+
+    observation_space = gym.spaces.Box(0, np.inf, (2,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, step_s: float = 0.002, declare: bool | None = None):
+        import threading
+
+        self.step_s, self.t = step_s, 0
+        _INSIDE.setdefault("lock", threading.Lock())
+        if declare is not None:
+            self.metadata = {"render_modes": [], "thread_safe": declare}
+
+    def _obs(self, counter):
+        return np.array([counter, _INSIDE["most"]], np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        _GLOBAL["counter"] = seed or 0
+        return self._obs(_GLOBAL["counter"]), {}
+
+    def step(self, action):
+        import time
+
+        with _INSIDE["lock"]:
+            _INSIDE["now"] += 1
+            _INSIDE["most"] = max(_INSIDE["most"], _INSIDE["now"])
+        _GLOBAL["counter"] += 1  # every copy in this process moves it
+        counter = _GLOBAL["counter"]
+        time.sleep(self.step_s)  # waits, so a plan that only looked at speed would step copies in threads
+        with _INSIDE["lock"]:
+            _INSIDE["now"] -= 1
+        self.t += 1
+        return self._obs(counter), 0.0, False, self.t >= 50, {}
+
+
+gym.register("GlobalState-v0", entry_point=GlobalStateEnv)  # found out by the thread-safety check
+gym.register("DeclaredThreadUnsafe-v0", entry_point=GlobalStateEnv, kwargs={"declare": False})

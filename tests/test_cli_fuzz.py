@@ -443,11 +443,11 @@ def short_measurements(monkeypatch):
         done["count"] = 0  # a new call
         return real_check(args)
 
-    def measure(env_id, backend, num_envs, seconds, async_batch=None):
+    def measure(env_id, backend, num_envs, seconds, async_batch=None, stepping=None):
         if num_envs > MAX_ENVS or done["count"] >= 2:
             raise Started("measuring")
         done["count"] += 1
-        return real(env_id, backend, num_envs, min(seconds, 0.01), async_batch)
+        return real(env_id, backend, num_envs, min(seconds, 0.01), async_batch, stepping)
 
     real_check = bench_env.check_args
     monkeypatch.setattr(bench_env, "check_args", check_args)

@@ -14,7 +14,6 @@ import pytest
 
 from fleetrl.envs import native
 from fleetrl.envs.native import AleVectorEnv, EnvPoolVectorEnv, native_backend_support
-from fleetrl.envs.vector import episode_stats
 from fleetrl.errors import FleetError
 
 pytest.importorskip("ale_py")

@@ -18,7 +18,7 @@ import pytest
 from conftest import readline_within
 from envs_for_tests import COUNTING_LENGTH, MakeEnv  # importing it registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.envs.registry import EnvFactory
-from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
+from fleetrl.envs.shm import SharedMemoryVectorEnv
 from fleetrl.envs.vector import GymSyncVectorEnv, episode_stats
 from fleetrl.errors import EnvWorkerError, FleetError
 
@@ -326,7 +326,7 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
         import sys, time
         sys.path.insert(0, {TESTS_DIR!r})
         from envs_for_tests import MakeEnv
-        from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
+        from fleetrl.envs.shm import SharedMemoryVectorEnv
 
         if __name__ == "__main__":
             envs = SharedMemoryVectorEnv([MakeEnv("ShmCounting-v0")] * 4, num_workers=2)
@@ -358,7 +358,7 @@ def test_ctrl_c_in_the_parent_stops_cleanly(tmp_path):
         sys.path.insert(0, {TESTS_DIR!r})
         import numpy as np
         from envs_for_tests import MakeEnv
-        from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
+        from fleetrl.envs.shm import SharedMemoryVectorEnv
 
         if __name__ == "__main__":
             # a program started from a terminal has Python's Ctrl-C handler; a suite run in the background of a

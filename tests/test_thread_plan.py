@@ -77,11 +77,12 @@ def test_make_vector_env_takes_the_workers_from_the_plan_and_prints_it(capsys):
     plan = dataclasses.replace(plan_threads(cores=2, num_envs=4, cnn=False), env_workers=1)
     envs = make_vector_env("CartPole-v1", 4, "async", threads=plan, verbose=True)
     try:
-        assert envs.num_workers == 1 and envs.thread_plan == plan.describe("async")
+        assert envs.num_workers == 1 and envs.thread_plan == plan.describe("async", envs.stepping)
     finally:
         envs.close()
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("env backend: async") and out[1] == plan.describe("async")
+    assert out[0].startswith("env backend: async") and out[1].startswith("env stepping: 1 env worker process (")
+    assert "it computes" in out[1] and out[2] == plan.describe("async", envs.stepping)
 
 
 def test_without_a_plan_make_vector_env_attaches_none():

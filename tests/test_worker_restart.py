@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from envs_for_tests import MakeEnv
-from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
+from fleetrl.envs.shm import SharedMemoryVectorEnv
 from fleetrl.envs.vector import episode_stats
 from fleetrl.errors import EnvWorkerError, FleetError
 
@@ -63,11 +63,13 @@ def assert_cut(obs, reward, terminated, truncated, info, cut: list[int], last_ob
     assert not info.get("_episode", np.zeros(n, bool)).any(), "an aborted episode has no statistics"
 
 
-def test_env_raising_on_a_step_is_restarted_and_only_its_workers_episodes_are_cut(tmp_path, capsys):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_env_raising_on_a_step_is_restarted_and_only_its_workers_episodes_are_cut(tmp_path, capsys, threads):
     fns = flaky(4, {2: {"fail_on_step": 5, "once_file": str(tmp_path / "failed"), "length": 30}})
     for i in (0, 1, 3):
         fns[i] = MakeEnv(FLAKY, {"length": 30})
-    with SharedMemoryVectorEnv(fns, num_workers=2) as envs:  # env 2 is in worker 1 (groups 0-1, 2-3)
+    # env 2 is in worker 1 (groups 0-1, 2-3); with 2 stepping threads env 3 steps beside it and finishes the step
+    with SharedMemoryVectorEnv(fns, num_workers=2, threads=threads) as envs:
         obs, _ = envs.reset(seed=0)
         pids = envs.worker_pids
         for _ in range(4):
@@ -76,7 +78,7 @@ def test_env_raising_on_a_step_is_restarted_and_only_its_workers_episodes_are_cu
         result = step(envs)  # env 2 raises in its 5th step
         assert envs.worker_restarts == 1
         assert envs.worker_pids[0] == pids[0] and envs.worker_pids[1] != pids[1]
-        assert_cut(*result, cut=[2, 3], last_obs=before, new_pid=envs.worker_pids[1])
+        assert_cut(*result, cut=[2, 3], last_obs=before, new_pid=envs.worker_pids[1], finished=(3,) if threads == 2 else ())
         warning = capsys.readouterr().err.strip().splitlines()
         assert len(warning) == 1 and "env worker 1" in warning[0] and "envs 2..3" in warning[0]
         assert "Flaky-v0" in warning[0] and "RuntimeError: FlakyEnv was told to fail on step 5" in warning[0]
@@ -137,8 +139,9 @@ def test_sigkilled_worker_is_restarted_with_a_new_pid(when, capsys):
         assert envs.worker_restarts == 1
 
 
-def test_worker_crashing_in_native_code_is_restarted():
-    with SharedMemoryVectorEnv(flaky(2, {0: {"fail_on_step": 2, "how": "crash"}}), num_workers=2) as envs:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_worker_crashing_in_native_code_is_restarted(threads):
+    with SharedMemoryVectorEnv(flaky(2, {0: {"fail_on_step": 2, "how": "crash"}}), num_workers=2, threads=threads) as envs:
         obs, _ = envs.reset(seed=0)
         pid = envs.worker_pids[0]
         obs, *_ = step(envs)
@@ -147,9 +150,11 @@ def test_worker_crashing_in_native_code_is_restarted():
         assert envs.worker_restarts == 1 and envs.worker_pids[0] != pid
 
 
-def test_hanging_env_is_killed_after_env_timeout_and_restarted(tmp_path, capsys):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hanging_env_is_killed_after_env_timeout_and_restarted(tmp_path, capsys, threads):
     fns = flaky(4, {1: {"fail_on_step": 3, "how": "hang", "once_file": str(tmp_path / "hung")}})
-    with SharedMemoryVectorEnv(fns, num_workers=2, env_timeout=2) as envs:
+    # with 2 stepping threads env 1 hangs in its own thread while env 0 steps beside it: the worker is killed all the same
+    with SharedMemoryVectorEnv(fns, num_workers=2, env_timeout=2, threads=threads) as envs:
         envs.reset(seed=0)
         for _ in range(2):
             obs, *_ = step(envs)
@@ -200,10 +205,11 @@ def test_fleet_error_raised_in_an_env_stops_at_once_without_restart(capsys):
     assert all(gone(pid) for pid in pids), "the error closes the vector env"
 
 
-def test_send_recv_with_split_groups_and_first_ready_batches_go_on_across_a_restart(tmp_path):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_send_recv_with_split_groups_and_first_ready_batches_go_on_across_a_restart(tmp_path, threads):
     # the zero-lag sampler: two halves sent and received apart; env 3 (worker 1, half B) fails once
     with SharedMemoryVectorEnv(flaky(4, {3: {"fail_on_step": 4, "once_file": str(tmp_path / "a")}}),
-                               num_workers=2) as envs:
+                               num_workers=2, threads=threads) as envs:
         half_a, half_b = envs.split(2)
         obs, _ = envs.reset(seed=0)
         envs.send(np.zeros(2, np.int64), half_a)
@@ -226,7 +232,7 @@ def test_send_recv_with_split_groups_and_first_ready_batches_go_on_across_a_rest
     endless = {"length": 10**9}
     fns = flaky(6, {i: endless for i in range(6)})
     fns[4] = MakeEnv(FLAKY, {**endless, "fail_on_step": 3, "once_file": str(tmp_path / "b")})
-    with SharedMemoryVectorEnv(fns, num_workers=3, async_batch=2) as envs:
+    with SharedMemoryVectorEnv(fns, num_workers=3, async_batch=2, threads=threads) as envs:
         envs.reset(seed=0)
         envs.send(np.zeros(6, np.int64))
         steps, cut = np.zeros(6, int), []
@@ -240,7 +246,8 @@ def test_send_recv_with_split_groups_and_first_ready_batches_go_on_across_a_rest
             else:
                 np.testing.assert_array_equal(obs[:, T], steps[env_ids] - (3 if env_ids[0] == 4 and cut else 0))
             envs.send(np.zeros(2, np.int64), env_ids)
-        assert cut == [([4, 5], [2, 2], [0, 0])] and envs.worker_restarts == 1
+        # env 5 steps after env 4 in one thread (never reached), beside it with two (it finished its 3rd step)
+        assert cut == [([4, 5], [2, 3] if threads == 2 else [2, 2], [0, 0])] and envs.worker_restarts == 1
         assert steps.min() >= 10
 
 

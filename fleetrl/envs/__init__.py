@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
+from fleetrl.cores import available_cores
 from fleetrl.envs.registry import EnvFactory, EnvFamily, env_family, env_spec
-from fleetrl.envs.vector import GymSyncVectorEnv, SyncVectorEnv, episode_stats
+from fleetrl.envs.stepping import check_flags, plan_stepping
+from fleetrl.envs.vector import GymAsyncVectorEnv, GymSyncVectorEnv, SyncVectorEnv, episode_stats
 from fleetrl.errors import FleetError
 
 if TYPE_CHECKING:  # the env layer does not import torch at runtime (worker processes import it too)
@@ -15,10 +16,11 @@ if TYPE_CHECKING:  # the env layer does not import torch at runtime (worker proc
 BACKENDS = (
     "auto",  # chosen from the family, the cores and the installed extras (fleetrl/envs/auto.py)
     "sync",  # in-process, envs stepped in turn
-    "async",  # fleetrl's worker processes over shared memory (fleetrl/envs/shm_vector.py)
+    "async",  # fleetrl's worker processes over shared memory, with stepping threads for envs that wait (fleetrl/envs/shm/)
     "ale",  # ale-py's C++ AtariVectorEnv
     "envpool",  # EnvPool's C++ thread pool (Atari, MuJoCo, classic control, Procgen)
     "gym-sync",  # gymnasium's SyncVectorEnv (SAME_STEP), the reference and baseline
+    "gym-async",  # gymnasium's AsyncVectorEnv (SAME_STEP): a process per env, the baseline for envs that wait
 )
 
 
@@ -38,6 +40,8 @@ def make_vector_env(
     threads: ThreadPlan | None = None,
     max_restarts: int = 10,
     env_timeout: float | None = 60.0,
+    env_workers: int | None = None,
+    env_threads: int | None = None,
 ):
     """Build ``num_envs`` copies of ``env_id`` behind the vector interface of :mod:`fleetrl.envs.vector`.
 
@@ -52,34 +56,47 @@ def make_vector_env(
     envs as ``thread_plan`` (one line, for the logs).
     ``max_restarts``, ``env_timeout``: the async backend restarts env workers that raise, die or hang
     (longer than ``env_timeout`` s) up to ``max_restarts`` times in all; other backends ignore them.
+    ``env_workers``, ``env_threads`` (the flags): the async backend's worker processes and stepping threads per
+    worker; left None, they are planned from a measured step (:mod:`fleetrl.envs.stepping`), and the plan is
+    attached to the envs as ``stepping`` (None on other backends).
     """
     family = family or env_family(env_id)
     if backend not in BACKENDS:
         raise FleetError(f"Unknown --env-backend {backend!r}; choose one of: {', '.join(BACKENDS)}.")
-    cores = cores or os.cpu_count() or 1
-    reason = "chosen with --env-backend"
+    cores = cores or available_cores()
+    check_flags(num_envs, backend, env_workers, env_threads)
+    reason, cost = "chosen with --env-backend", None
     if backend == "auto":
         from fleetrl.envs.auto import choose_backend
 
         choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None, split=split)
-        backend, reason = choice.backend, f"auto: {choice.reason}"
-    if video_dir and backend not in ("sync", "async", "gym-sync"):
+        backend, reason, cost = choice.backend, f"auto: {choice.reason}", choice.cost
+        check_flags(num_envs, backend, env_workers, env_threads)
+    if video_dir and backend not in ("sync", "async", "gym-sync", "gym-async"):
         raise FleetError(f"--capture-video renders frames from Python envs, which the {backend} backend does not have. "
                          f"Use --env-backend sync or async (or auto) with --capture-video.")
-    workers = min(threads.env_workers if threads is not None else cores, num_envs)
-    thread_plan = threads.describe(backend) if threads is not None else None
+    stepping = None
+    if backend == "async":
+        stepping = plan_stepping(env_id, family, num_envs, cores, cost, env_workers, env_threads,
+                                 per_core_workers=threads.env_workers if threads is not None else None)
+        workers = stepping.workers
+    else:
+        workers = min(env_workers or (threads.env_workers if threads is not None else cores), num_envs)
+    thread_plan = threads.describe(backend, stepping) if threads is not None else None
     if verbose:
         print(f"env backend: {backend} ({reason})", flush=True)
+        if stepping is not None:
+            print(f"env stepping: {stepping.describe()} ({stepping.reason})", flush=True)
         if thread_plan:
             print(thread_plan, flush=True)
     envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
-                  max_restarts, env_timeout)
-    envs.backend, envs.backend_reason, envs.thread_plan = backend, reason, thread_plan  # logged by the trainer
+                  max_restarts, env_timeout, stepping.threads if stepping is not None else 1)
+    envs.backend, envs.backend_reason, envs.thread_plan, envs.stepping = backend, reason, thread_plan, stepping  # logged
     return envs
 
 
 def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
-           max_restarts=10, env_timeout=60.0):
+           max_restarts=10, env_timeout=60.0, stepping_threads=1):
     # ``workers``: worker processes (async) or C++ threads (ale, envpool): explicit, so that several
     # training processes on one machine do not each start a thread per core
     if family.name == "procgen" and backend != "envpool":
@@ -98,10 +115,12 @@ def _build(env_id, num_envs, backend, training, sticky_actions, family, async_ba
     factories = [EnvFactory(env_id, family.name, training, sticky_actions, video_dir if i == 0 else None, every_episode)
                  for i in range(num_envs)]
     if backend == "async":
-        from fleetrl.envs.shm_vector import SharedMemoryVectorEnv
+        from fleetrl.envs.shm import SharedMemoryVectorEnv
 
         return SharedMemoryVectorEnv(factories, num_workers=workers, async_batch=async_batch, max_restarts=max_restarts,
-                                     env_timeout=env_timeout)
+                                     env_timeout=env_timeout, threads=stepping_threads)
+    if backend == "gym-async":
+        return GymAsyncVectorEnv(factories)
     return (GymSyncVectorEnv if backend == "gym-sync" else SyncVectorEnv)(factories)
 
 

@@ -8,16 +8,17 @@ The decision tree (numbers measured on a 2-core machine, docs/backends.md and do
    against ale 988 steps/s on one, ale ahead on another), so when both are installed they are
    measured at start (:func:`probe_backends`, ``PROBE_BUDGET_S`` in all, construction included) and
    the faster is kept; with only one installed it is taken without a probe.
-3. Everything else (classic control, MuJoCo, custom envs): probe one env's step cost (at most
-   ``PROBE_SECONDS``). Multi-process stepping pays only when a step costs more than a wake-up
-   round trip plus the copy: gymnasium's AsyncVectorEnv ran CartPole at 15k steps/s against 109k
-   in-process, and EnvPool ran HalfCheetah at 12k against 18k for sync. So: ``async`` when a step
-   costs at least ``ASYNC_MIN_STEP_US`` and there are at least 2 cores and 2 envs, else ``sync``.
+3. Everything else (classic control, MuJoCo, custom envs): measure one env's step
+   (:func:`fleetrl.envs.probe.measure_step`, at most a second). Multi-process stepping pays only when a step costs
+   more than a wake-up round trip plus the copy: gymnasium's AsyncVectorEnv ran CartPole at 15k steps/s against 109k
+   in-process, and EnvPool ran HalfCheetah at 12k against 18k for sync. So: ``async`` when a step takes at least
+   ``ASYNC_MIN_STEP_US`` and there are at least 2 cores and 2 envs (or 1 core and an env that waits, whose waits
+   overlap in threads), else ``sync``. The measured step then sizes the async backend's workers and stepping threads
+   (:mod:`fleetrl.envs.stepping`).
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,10 +26,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fleetrl.envs.registry import EnvFactory, EnvFamily
-from fleetrl.errors import EnvOutputError
+from fleetrl.cores import available_cores
+from fleetrl.envs.probe import RandomStepper, StepCost, measure_step
+from fleetrl.envs.stepping import WAITS_BELOW
+from fleetrl.envs.registry import EnvFamily
 
-PROBE_SECONDS = 1.0
 ASYNC_MIN_STEP_US = 100.0  # below this, one in-process loop beats waking worker processes
 
 ATARI_CANDIDATES = ("ale", "envpool")  # in order of preference when the probe cannot tell them apart
@@ -86,6 +88,7 @@ class BackendChoice:
     backend: str
     reason: str
     probe: ProbeResult | None = None  # the measurements, when the choice was measured
+    cost: StepCost | None = None  # one env's step, when it was measured (the async backend's stepping plan uses it)
 
 
 def probe_backends(
@@ -106,8 +109,6 @@ def probe_backends(
     mode). A candidate that fails to build or step is skipped with the reason; so is one that the
     budget leaves no time to build.
     """
-    from fleetrl.tools.bench_env import RandomStepper
-
     if build is None:
         from fleetrl.envs import make_vector_env
 
@@ -175,29 +176,6 @@ def _close_quietly(envs: Any) -> None:
         pass
 
 
-def probe_step_cost_us(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS) -> float:
-    """Median wall time of one env step with random actions, in microseconds (resets excluded)."""
-    env = EnvFactory(env_id, family.name)()
-    try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        costs = []
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline and len(costs) < 2000:
-            action = env.action_space.sample()
-            t0 = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(action)
-            costs.append(time.perf_counter() - t0)
-            if terminated or truncated:
-                env.reset()
-        return float(np.median(costs) * 1e6)
-    except EnvOutputError as exc:  # a NaN or a wrong shape: the env is at fault whichever backend runs it
-        raise EnvOutputError(f"{exc} (Found while --env-backend auto timed the env's steps, with random actions, "
-                             f"before training.)") from None
-    finally:
-        env.close()
-
-
 def choose_backend(
     env_id: str,
     family: EnvFamily,
@@ -211,7 +189,7 @@ def choose_backend(
     backends are probed that way."""
     from fleetrl.envs.native import native_backend_support
 
-    cores = cores or os.cpu_count() or 1
+    cores = cores or available_cores()
     # only Atari chooses between C++ backends; probing EnvPool imports all of it (~1 s), so other families skip it
     native = native_backend_support(env_id, family.name) if family.name == "atari" and not need_frames else {}
     if family.name == "procgen":
@@ -229,8 +207,13 @@ def choose_backend(
             if best is not None:
                 return BackendChoice(best, f"Atari, measured at start: {probe.describe()}", probe)
             skipped = f"; no C++ backend could run it ({probe.describe()})"
-    cost = probe_step_cost_us(env_id, family)
-    if cost >= ASYNC_MIN_STEP_US and cores >= 2 and num_envs >= 2:
-        return BackendChoice("async", f"one step costs {cost:.0f} us (>= {ASYNC_MIN_STEP_US:.0f} us): worker processes on {cores} cores pay off{skipped}")
-    why = f"one step costs {cost:.0f} us, less than a worker wake-up pays for" if cost < ASYNC_MIN_STEP_US else f"{cores} core(s) / {num_envs} env(s)"
-    return BackendChoice("sync", f"{why}: stepping in-process is fastest{skipped}")
+    cost = measure_step(env_id, family)
+    if cost.wall_us >= ASYNC_MIN_STEP_US and cores >= 2 and num_envs >= 2:
+        return BackendChoice("async", f"{cost.describe()} (>= {ASYNC_MIN_STEP_US:.0f} us): worker processes pay off{skipped}", cost=cost)
+    if cost.wall_us >= ASYNC_MIN_STEP_US and cost.cpu_share < WAITS_BELOW and num_envs >= 2:
+        # one core, but an env that waits: its waits still overlap in worker threads
+        return BackendChoice("async", f"{cost.describe()} (>= {ASYNC_MIN_STEP_US:.0f} us) and it waits: stepping threads overlap "
+                                      f"the waits{skipped}", cost=cost)
+    why = (f"{cost.describe()}, less than a worker wake-up pays for" if cost.wall_us < ASYNC_MIN_STEP_US
+           else f"{cores} core(s) / {num_envs} env(s)")
+    return BackendChoice("sync", f"{why}: stepping in-process is fastest{skipped}", cost=cost)

@@ -138,13 +138,15 @@ class GymSyncVectorEnv:
     """
 
     steps_in_background = False
+    _gym_vector: Any = gym.vector.SyncVectorEnv
+    _name = "gym-sync"
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]):
-        self._envs = gym.vector.SyncVectorEnv(list(env_fns), autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self._envs = self._gym_vector(list(env_fns), autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         self.num_envs = self._envs.num_envs
         self.single_observation_space = self._envs.single_observation_space
         self.single_action_space = self._envs.single_action_space
-        self.envs = self._envs.envs  # the sub-envs, for video capture and tests
+        self.envs = getattr(self._envs, "envs", [])  # the sub-envs in this process, for video capture and tests
         for i, env in enumerate(self.envs):
             set_env_index(env, i)
 
@@ -170,7 +172,7 @@ class GymSyncVectorEnv:
     def send(self, actions: np.ndarray, env_ids: np.ndarray | Sequence[int] | None = None) -> None:
         """gymnasium steps every env together: ``env_ids`` must be all of them (or None)."""
         if env_ids is not None and not np.array_equal(np.sort(np.asarray(env_ids)), np.arange(self.num_envs)):
-            raise FleetError("The gym-sync backend steps every env together; send() takes all env ids. "
+            raise FleetError(f"The {self._name} backend steps every env together; send() takes all env ids. "
                              "Use --env-backend sync or async to step groups of envs apart.")
         self._sent = np.asarray(actions)
 
@@ -182,6 +184,14 @@ class GymSyncVectorEnv:
 
     def close(self) -> None:
         self._envs.close()
+
+
+class GymAsyncVectorEnv(GymSyncVectorEnv):
+    """gymnasium's ``AsyncVectorEnv`` (a process per env, observations in shared memory) in same-step autoreset mode:
+    the baseline a plain CleanRL loop uses for envs that wait, compared by ``fleetrl bench-env``."""
+
+    _gym_vector = gym.vector.AsyncVectorEnv
+    _name = "gym-async"
 
 
 def _find_sent(sent: deque, env_ids: np.ndarray | Sequence[int]) -> int:

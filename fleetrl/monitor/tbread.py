@@ -34,3 +34,19 @@ def _accumulator(run_dir: str | Path, scalars: int):
 
 def scalar_tags(run_dir: str | Path) -> set[str]:
     return set(_accumulator(run_dir, scalars=1).Tags().get("scalars", []))
+
+
+def read_text(run_dir: str | Path) -> dict[str, str]:
+    """The run's text notes (``Logger.text``: the env backend, the thread plan, the stepping plan, ...), by name."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    notes = {}
+    for tag in acc.Tags().get("tensors", []):
+        events = acc.Tensors(tag)
+        if events:
+            value = tensor_util.make_ndarray(events[-1].tensor_proto)
+            notes[tag.removesuffix("/text_summary")] = value.item().decode() if value.size == 1 else str(value)
+    return notes

@@ -36,6 +36,9 @@ class TrainLog:
                                          track=args.track, wandb_project=args.wandb_project_name, wandb_entity=args.wandb_entity, config=args))
         self.logger.hparams(args)
         notes = {"env_backend": f"{envs.backend}: {envs.backend_reason}", "thread_plan": envs.thread_plan, **(notes or {})}
+        stepping = getattr(envs, "stepping", None)
+        if stepping is not None:  # the async backend's workers and stepping threads, and the measured step behind them
+            notes["env_stepping"] = f"{stepping.describe()}: {stepping.reason}"
         for name, text in notes.items():
             self.logger.text(name, text)
         if dist.is_main:

@@ -1,29 +1,31 @@
 """`fleetrl bench-env`: environment throughput per backend and number of envs, and what `auto` would pick.
 
     fleetrl bench-env --env-id BreakoutNoFrameskip-v4 --backends sync,async,ale,envpool --num-envs 8,16 --seconds 5
+    fleetrl bench-env --env-id mypkg:MySim-v0 --backends async,gym-async --num-envs 32,128   # an env that waits
 
-Random actions, no network: env steps/s (summed over envs), frames/s (Atari: x4 frame skip) and
-the CPU utilisation of the process tree, each the median of ``--repeats`` runs.
+Random actions, no network: env steps/s (summed over envs), frames/s (Atari: x4 frame skip), the CPU utilisation
+and the memory (RSS) of the whole process tree, each the median of ``--repeats`` runs. The async backend's workers
+and stepping threads are planned once per number of envs from a measured step, as training plans them (or set with
+``--env-workers``/``--env-threads``); ``gym-async`` is gymnasium's AsyncVectorEnv, a process per env.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
-from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import psutil
 
 from fleetrl import config
+from fleetrl.cores import available_cores, cores
 from fleetrl.envs import BACKENDS, env_family, make_vector_env
 from fleetrl.envs.atari import FRAME_SKIP
+from fleetrl.envs.probe import RandomStepper
+from fleetrl.envs.stepping import SteppingPlan, plan_stepping
 from fleetrl.errors import FleetError
 
 
@@ -31,7 +33,7 @@ from fleetrl.errors import FleetError
 class BenchEnvArgs:
     env_id: str = "CartPole-v1"
     """the environment to measure"""
-    backends: str = "sync,async,ale,envpool"
+    backends: str = "sync,async,gym-async,ale,envpool"
     """comma-separated backends to compare (the ones that cannot run this env are skipped with a note)"""
     num_envs: str = "8"
     """comma-separated numbers of envs"""
@@ -41,6 +43,10 @@ class BenchEnvArgs:
     """measurements per combination; the median is reported"""
     async_batch: int | None = None
     """async backend: return the first K ready envs each step (EnvPool's send/recv model)"""
+    env_workers: int | None = None
+    """async backend: worker processes [planned from a measured step, as in training]"""
+    env_threads: int | None = None
+    """async backend: stepping threads in each worker [planned from a measured step, as in training]"""
     json: bool = False
     """print the results as JSON"""
 
@@ -52,12 +58,18 @@ class Measurement:
     steps_per_s: float
     frames_per_s: float
     cpu_percent: float
+    rss_mb: float  # the whole process tree's resident memory while it stepped
     runs: list[float]
+    stepping: str = ""  # the async backend's workers and threads
+
+
+def _tree(proc: psutil.Process) -> list[psutil.Process]:
+    return [proc, *proc.children(recursive=True)]
 
 
 def _tree_cpu_seconds(proc: psutil.Process) -> float:
     total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in _tree(proc):
         try:
             t = p.cpu_times()
             total += t.user + t.system
@@ -66,69 +78,21 @@ def _tree_cpu_seconds(proc: psutil.Process) -> float:
     return total
 
 
-def random_actions(space: gym.Space, count: int, rng: np.random.Generator) -> np.ndarray:
-    if isinstance(space, gym.spaces.Discrete):
-        return rng.integers(space.start, space.start + space.n, size=count)
-    if isinstance(space, gym.spaces.Box):
-        return rng.uniform(space.low, space.high, size=(count, *space.shape)).astype(space.dtype)
-    raise FleetError(f"bench-env cannot sample actions of {space}.")
+def _tree_rss_mb(proc: psutil.Process) -> float:
+    total = 0
+    for p in _tree(proc):
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
 
 
-class RandomStepper:
-    """Steps a vector env with random actions: by ``step``, or by ``send``/``recv``.
-
-    ``groups``: env-id groups (from ``envs.split``) sent in turn, each received by its ids before it is
-    sent again: the zero-lag sampler's halves. Each :meth:`run` sends them all first and receives
-    them all before it returns, so no work done between runs is counted. ``first_ready``: every env
-    stays in flight and each ``recv`` takes the first batch ready (EnvPool's async model,
-    ``async_batch`` < ``num_envs``); meant for one long run after a warm-up.
-    """
-
-    def __init__(self, envs: Any, rng: np.random.Generator, groups: list[np.ndarray] | None = None, first_ready: bool = False):
-        self.envs, self.groups, self.first_ready = envs, groups, first_ready
-        self._actions = [random_actions(envs.single_action_space, envs.num_envs, rng) for _ in range(16)]
-        self._i = 0
-        self._primed = False  # first-ready: every env has been sent once
-
-    def _next_actions(self) -> np.ndarray:
-        self._i += 1
-        return self._actions[self._i % 16]
-
-    def run(self, seconds: float, min_batches: int = 1) -> int:
-        """Step for ``seconds`` (at least ``min_batches`` batches); returns the env steps taken."""
-        envs, steps, batches = self.envs, 0, 0
-        deadline = time.perf_counter() + seconds
-        if self.groups:
-            sent = deque(self.groups)
-            for ids in sent:
-                envs.send(self._next_actions()[: len(ids)], ids)
-            while sent:
-                ids = sent.popleft()
-                envs.recv(ids)
-                steps += len(ids)
-                batches += 1
-                if batches < min_batches or time.perf_counter() < deadline:
-                    envs.send(self._next_actions()[: len(ids)], ids)
-                    sent.append(ids)
-            return steps
-        if self.first_ready and not self._primed:
-            envs.send(self._actions[0], np.arange(envs.num_envs))
-            self._primed = True
-        while batches < min_batches or time.perf_counter() < deadline:
-            if self.first_ready:
-                *_, ids = envs.recv()
-                envs.send(self._next_actions()[: len(ids)], ids)
-                steps += len(ids)
-            else:
-                envs.step(self._next_actions())
-                steps += envs.num_envs
-            batches += 1
-        return steps
-
-
-def measure(env_id: str, backend: str, num_envs: int, seconds: float, async_batch: int | None = None) -> tuple[float, float]:
-    """(env steps/s, CPU %) of one backend, stepping with random actions for ``seconds`` after a warm-up."""
-    envs = make_vector_env(env_id, num_envs, backend, training=True, async_batch=async_batch)
+def measure(env_id: str, backend: str, num_envs: int, seconds: float, async_batch: int | None = None,
+            stepping: SteppingPlan | None = None) -> tuple[float, float, float]:
+    """(env steps/s, CPU %, tree RSS in MB) of one backend, stepping with random actions for ``seconds`` after a warm-up."""
+    workers, threads = (stepping.workers, stepping.threads) if stepping is not None else (None, None)
+    envs = make_vector_env(env_id, num_envs, backend, training=True, async_batch=async_batch, env_workers=workers, env_threads=threads)
     proc = psutil.Process()
     try:
         envs.reset(seed=0)
@@ -139,7 +103,7 @@ def measure(env_id: str, backend: str, num_envs: int, seconds: float, async_batc
         steps = stepper.run(seconds)
         elapsed = time.perf_counter() - t0
         cpu = 100.0 * (_tree_cpu_seconds(proc) - cpu0) / elapsed
-        return steps / elapsed, cpu
+        return steps / elapsed, cpu, _tree_rss_mb(proc)
     finally:
         envs.close()
 
@@ -148,6 +112,8 @@ RANGES = {
     "seconds": config.positive("stepping time per measurement, in seconds"),
     "repeats": config.count("measurements per combination"),
     "async_batch": config.count("envs returned per step", optional=True, hint="Leave it out to step every env each time."),
+    "env_workers": config.count("async env worker processes", high=4096, optional=True, hint="Leave it out to plan them."),
+    "env_threads": config.count("stepping threads in each async env worker", high=4096, optional=True, hint="Leave it out to plan them."),
 }
 
 
@@ -159,17 +125,22 @@ def bench_env(args: BenchEnvArgs, quiet: bool = False) -> dict:
     skipped: dict[str, str] = {}
     for backend in backends:
         for n in counts:
-            runs, cpus = [], []
+            runs, cpus, rss = [], [], []
             try:
+                # planned once per count, as a training run plans it (the plan measures a step)
+                stepping = (plan_stepping(args.env_id, family, n, available_cores(), workers=args.env_workers, threads=args.env_threads)
+                            if backend == "async" else None)
                 for _ in range(args.repeats):
-                    sps, cpu = measure(args.env_id, backend, n, args.seconds, args.async_batch)
+                    sps, cpu, mb = measure(args.env_id, backend, n, args.seconds, args.async_batch, stepping)
                     runs.append(sps)
                     cpus.append(cpu)
+                    rss.append(mb)
             except FleetError as exc:
                 skipped[backend] = str(exc).split(". ")[0]
                 break
             median = statistics.median(runs)
-            results.append(Measurement(backend, n, median, median * frames, statistics.median(cpus), runs))
+            results.append(Measurement(backend, n, median, median * frames, statistics.median(cpus), max(rss), runs,
+                                       stepping.describe() if stepping is not None else ""))
     from fleetrl.envs.auto import choose_backend
 
     picks = {n: choose_backend(args.env_id, family, n) for n in counts}
@@ -177,7 +148,7 @@ def bench_env(args: BenchEnvArgs, quiet: bool = False) -> dict:
     report = {
         "env_id": args.env_id,
         "family": family.name,
-        "cores": os.cpu_count(),
+        "cores": cores().describe(),
         "results": [asdict(m) for m in results],
         "skipped": skipped,
         "fastest": asdict(best) if best else None,
@@ -212,13 +183,15 @@ def check_args(args: BenchEnvArgs) -> tuple[list[str], list[int]]:
 
 def _print_table(report: dict, frames: int) -> None:
     best = report["fastest"]
-    print(f"\n{report['env_id']} ({report['family']}), random actions, {report['cores']} CPU cores, median of repeats\n")
-    print("| backend | envs | env steps/s | frames/s | CPU % | all runs |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"\n{report['env_id']} ({report['family']}), random actions, {report['cores']}, median of repeats\n")
+    print("| backend | envs | env steps/s | frames/s | CPU % | tree RSS MB | all runs |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for m in report["results"]:
         mark = " **fastest**" if best and (m["backend"], m["num_envs"]) == (best["backend"], best["num_envs"]) else ""
         runs = ", ".join(f"{r:,.0f}" for r in m["runs"])
-        print(f"| {m['backend']}{mark} | {m['num_envs']} | {m['steps_per_s']:,.0f} | {m['frames_per_s']:,.0f} | {m['cpu_percent']:.0f} | {runs} |")
+        name = m["backend"] + (f" ({m['stepping']})" if m["stepping"] else "")
+        print(f"| {name}{mark} | {m['num_envs']} | {m['steps_per_s']:,.0f} | {m['frames_per_s']:,.0f} | {m['cpu_percent']:.0f} | "
+              f"{m['rss_mb']:,.0f} | {runs} |")
     for backend, why in report["skipped"].items():
         print(f"skipped {backend}: {why}")
     for n, pick in report["auto"].items():

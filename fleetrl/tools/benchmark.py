@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from fleetrl import config
+from fleetrl.cores import available_cores
 from fleetrl.errors import FleetError
 
 RETURN_TAG = "charts/episodic_return"
@@ -117,11 +118,6 @@ def train_extras(base: list[str], threads: str) -> list[str]:
 
 def run_command(base: list[str], run: Run, out: Path, threads: int) -> list[str]:
     return [*resolve_command(base), *train_extras(base, str(threads)), "--env-id", run.env_id, "--seed", str(run.seed), "--run-dir", str(out / run.name)]
-
-
-def available_cores() -> int:
-    # the cores this process may use (taskset, cgroups), not the machine's total
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def child_env(threads: int) -> dict[str, str]:

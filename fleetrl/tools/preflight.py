@@ -3,7 +3,8 @@
     fleetrl preflight                                   # CartPole-v1
     fleetrl preflight --env-id BreakoutNoFrameskip-v4 --json
 
-1. CPU: the cores this process may use (``os.cpu_count``, the affinity mask and a cgroup quota).
+1. CPU: the cores this process may use (``os.cpu_count``, the affinity mask and a cgroup quota: fleetrl/cores.py,
+   the count every thread plan uses).
    Fewer than 8 is a warning: the env backends that step in parallel (async worker processes,
    ale/EnvPool threads) have fewer cores to spread over, and the rule of thumb of 2-4 envs per core
    gives a small ``--num-envs``.
@@ -23,13 +24,13 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 
 from fleetrl import config
+from fleetrl.cores import cores
 from fleetrl.errors import EXTRAS, FleetError
 
 RECOMMENDED_CORES = 8
@@ -72,32 +73,9 @@ class PreflightArgs:
 # ---- 1. CPU ------------------------------------------------------------------------------------
 
 
-def cgroup_cpu_limit() -> float | None:
-    """The CPU quota of this container in cores (cgroup v2 ``cpu.max`` or v1 ``cfs_quota``), None when unlimited."""
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            quota = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            period = int(f.read())
-        return None if quota <= 0 else quota / period
-    except (OSError, ValueError):
-        return None
-
-
 def check_cpu() -> dict:
-    count = os.cpu_count() or 1
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        affinity = count
-    quota = cgroup_cpu_limit()
-    usable = max(1, min(affinity, math.floor(quota)) if quota else affinity)
+    found = cores()  # the same count every thread plan uses (fleetrl/cores.py)
+    count, affinity, quota, usable = found.machine, found.affinity, found.quota, found.usable
     low, high = ENVS_PER_CORE[0] * usable, ENVS_PER_CORE[1] * usable
     limits = f"{usable} usable core(s)"
     if usable != count:

@@ -33,11 +33,11 @@ from typing import Any, Literal
 import numpy as np
 
 from fleetrl import config
+from fleetrl.cores import available_cores
 from fleetrl.errors import FleetError, require
 from fleetrl.tools.benchmark import (
     RETURN_TAG,
     STOP_GRACE_S,
-    available_cores,
     child_env,
     describe_exit,
     has_flag,

@@ -1,0 +1,74 @@
+"""Cores come from the allocation (affinity mask, cgroup quota), not from os.cpu_count(): under taskset, Slurm,
+Docker or Kubernetes the thread plan, the env workers and preflight count what the process may use."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import fleetrl_env
+from fleetrl.cores import cgroup_cpu_quota
+
+MACHINE = os.cpu_count() or 1
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_quota_is_the_tightest_on_the_process_cgroup_and_its_ancestors(tmp_path):
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text("0::/slurm/job_7/step_0\n")
+    _write(tmp_path / "cg" / "cpu.max", "max 100000\n")
+    _write(tmp_path / "cg" / "slurm" / "cpu.max", "400000 100000\n")  # 4 cores for all of Slurm
+    _write(tmp_path / "cg" / "slurm" / "job_7" / "cpu.max", "150000 100000\n")  # 1.5 for the job
+    _write(tmp_path / "cg" / "slurm" / "job_7" / "step_0" / "cpu.max", "max 100000\n")
+    assert cgroup_cpu_quota(str(proc), tmp_path / "cg") == 1.5
+
+
+def test_cgroup_v1_quota_is_read_from_the_cpu_controller(tmp_path):
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text("4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n0::/\n")
+    _write(tmp_path / "cg" / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "50000\n")
+    _write(tmp_path / "cg" / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us", "100000\n")
+    _write(tmp_path / "cg" / "cpu,cpuacct" / "cpu.cfs_quota_us", "-1\n")
+    _write(tmp_path / "cg" / "cpu,cpuacct" / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_quota(str(proc), tmp_path / "cg") == 0.5
+
+
+def test_no_quota_anywhere_means_none(tmp_path):
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text("0::/user.slice\n")
+    _write(tmp_path / "cg" / "user.slice" / "cpu.max", "max 100000\n")
+    assert cgroup_cpu_quota(str(proc), tmp_path / "cg") is None
+    assert cgroup_cpu_quota(str(tmp_path / "missing"), tmp_path / "nowhere") is None
+
+
+needs_two = pytest.mark.skipif(MACHINE < 2 or not shutil.which("taskset"), reason="needs taskset and 2+ cores to pin to one")
+
+
+@needs_two
+@pytest.mark.slow
+def test_under_taskset_one_core_the_thread_plan_and_the_env_workers_plan_for_one(tmp_path):
+    proc = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "fleetrl", "train", "ppo", "--env-id", "CartPole-v1",
+                           "--env-backend", "async", "--num-envs", "4", "--num-steps", "16", "--total-timesteps", "64", "--no-cuda",
+                           "--run-dir", str(tmp_path / "run"), "--no-progress"], capture_output=True, text=True, env=fleetrl_env(),
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = next(line for line in proc.stdout.splitlines() if line.startswith("threads on"))
+    assert plan.startswith(f"threads on 1 core (affinity mask 1 of the machine's {MACHINE})"), plan
+    assert "1 env worker process" in plan, plan
+
+
+@needs_two
+def test_preflight_counts_the_allocation_under_taskset():
+    proc = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "fleetrl", "preflight", "--json", "--seconds", "0.2"],
+                          capture_output=True, text=True, env=fleetrl_env(), timeout=180)
+    report = json.loads(proc.stdout)
+    assert report["cpu"]["usable"] == 1 and report["cpu"]["affinity"] == 1 and report["cpu"]["cpu_count"] == MACHINE
