@@ -141,7 +141,12 @@ def scores_by_env(configuration: Configuration, scales: dict[str, Scale]) -> dic
 def improvement_table(configs: list[Configuration], scales: dict[str, Scale], args: stats.StatsArgs) -> list[list[str]]:
     """P(X > Y) for every ordered pair, on scores (so that min-max bounds with LO > HI mean lower is better). P(Y > X) is
     1 - P(X > Y) exactly (ties count half), so each pair is bootstrapped once and mirrored."""
-    arrays = [stats.stack_runs(scores_by_env(c, scales))[0] for c in configs]
+    arrays = []
+    for c in configs:
+        array, kept = stats.stack_runs(scores_by_env(c, scales))
+        if kept:
+            print(f"note: {c.label} has more runs of some envs than of others; P(X > Y) uses the first {kept} (by seed) of each")
+        arrays.append(array)
     rows: dict[tuple[int, int], stats.Estimate] = {}
     for i in range(len(configs)):
         for j in range(i + 1, len(configs)):
