@@ -26,8 +26,7 @@ POI_HEADER = ["configuration X", "over Y", "P(X > Y) [95% CI]"]
 @dataclass
 class CompareArgs:
     paths: tyro.conf.Positional[tuple[str, ...]]
-    """one folder per configuration: a `fleetrl benchmark --out` folder, or a folder of run folders (a folder holding
-    runs of several experiments, such as runs/, gives one configuration per experiment)"""
+    """one folder per configuration: a `fleetrl benchmark --out` folder, or a folder of run folders (a folder holding runs of several experiments, such as runs/, gives one configuration per experiment)"""
     labels: list[str] = field(default_factory=list)
     """names for the configurations, in the order they are found [each benchmark folder's name, or the experiment name]"""
     out: str = "compare"

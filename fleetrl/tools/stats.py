@@ -26,8 +26,7 @@ INTERVAL_HEADER = ["env", "score", "runs", *(f"{name} [95% CI]" for name in METR
 @dataclass
 class StatsArgs:
     normalize: Literal["auto", "human", "minmax", "none"] = "auto"
-    """how returns become scores: auto (--score-bounds where given, else human-normalised for the 57 Atari games, else
-    the return), human (Atari human-normalised, every env), minmax (--score-bounds for every env), none (the return)"""
+    """how returns become scores: auto (--score-bounds where given, else human-normalised for the 57 Atari games, else the return), human (Atari human-normalised, every env), minmax (--score-bounds for every env), none (the return)"""
     score_bounds: list[str] = field(default_factory=list)
     """ENV=LO,HI: ENV's score is (return - LO) / (HI - LO), e.g. CartPole-v1=0,500 Acrobot-v1=-500,0"""
     bootstrap_reps: int = 2000
