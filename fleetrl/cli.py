@@ -1,4 +1,4 @@
-"""`fleetrl <command>`: train, eval, bench-env, benchmark, tune, plot.
+"""`fleetrl <command>`: train, eval, bench-env, benchmark, tune, plot, compare.
 
     fleetrl train ppo --env-id CartPole-v1
     fleetrl eval runs/CartPole-v1__ppo__1__1700000000 --episodes 10
@@ -25,6 +25,7 @@ commands:
   benchmark -- CMD     run CMD for env ids x seeds on a worker pool, then summarise; `fleetrl benchmark --help`
   tune -- CMD          search hyperparameters of CMD (`fleetrl train ...`) with Optuna: parallel trials, pruning; `fleetrl tune --help`
   plot PATHS -o FILE   learning curves (mean ± std over seeds, a panel per env) of the runs under PATHS; `fleetrl plot --help`
+  compare DIR DIR ...  configurations side by side: IQM etc. with bootstrap intervals, probability of improvement, figures; `fleetrl compare --help`
   preflight            check CPU cores, GPU and driver, env throughput before a long run; `fleetrl preflight --help`
 """
 
@@ -67,6 +68,12 @@ def _plot(argv: list[str]) -> None:
     plot(tyro.cli(PlotArgs, args=argv, prog="fleetrl plot"))
 
 
+def _compare(argv: list[str]) -> None:
+    from fleetrl.tools.compare import CompareArgs, compare
+
+    compare(tyro.cli(CompareArgs, args=argv, prog="fleetrl compare"), argv)
+
+
 def _bench_env(argv: list[str]) -> None:
     from fleetrl.tools.bench_env import BenchEnvArgs, bench_env
 
@@ -79,7 +86,7 @@ def _preflight(argv: list[str]) -> None:
     preflight(tyro.cli(PreflightArgs, args=argv, prog="fleetrl preflight"))
 
 
-COMMANDS = {"train": _train, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "preflight": _preflight}
+COMMANDS = {"train": _train, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "compare": _compare, "preflight": _preflight}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -62,10 +62,14 @@ def merge_resumed_args(args: A, saved: dict[str, Any], explicit: set[str]) -> A:
     return dataclasses.replace(args, **restored)
 
 
+def path_safe(env_id: str) -> str:
+    """An env id as it appears in run folder names: '/' (ALE ids) and ':' (custom ids) become '-'."""
+    return env_id.replace("/", "-").replace(":", "-")
+
+
 def default_run_dir(env_id: str, exp_name: str, seed: int) -> str:
-    """``runs/{env_id}__{exp_name}__{seed}__{timestamp}`` (CleanRL's name); '/' in ALE ids becomes '-'."""
-    safe_env = env_id.replace("/", "-").replace(":", "-")
-    return os.path.join("runs", f"{safe_env}__{exp_name}__{seed}__{int(time.time())}")
+    """``runs/{env_id}__{exp_name}__{seed}__{timestamp}`` (CleanRL's name), the env id made :func:`path_safe`."""
+    return os.path.join("runs", f"{path_safe(env_id)}__{exp_name}__{seed}__{int(time.time())}")
 
 
 # ---- what each numeric flag accepts -------------------------------------------------------------

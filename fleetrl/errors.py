@@ -58,6 +58,7 @@ EXTRAS = {
     "video": "imageio imageio-ffmpeg pygame",
     "tune": "optuna cmaes pyyaml matplotlib 'psycopg[binary]'",
     "track": "wandb",
+    "stats": "rliable 'arch<8' 'pandas<3'",
 }
 
 

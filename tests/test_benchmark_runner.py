@@ -19,6 +19,21 @@ TINY_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "1024"]
 ECHO = [sys.executable, "-c", "import sys; print('ARGS', ' '.join(sys.argv[1:]))"]
 
 
+# a command that logs ten episodic returns of 100 x seed to its --run-dir, so that the summary has known numbers without
+# training (tensorboard's own event writer: importing torch for its SummaryWriter takes seconds per run)
+LOG_RETURNS = [sys.executable, "-c", """import sys, time
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+args = sys.argv[1:]
+writer, seed = EventFileWriter(args[args.index("--run-dir") + 1]), int(args[args.index("--seed") + 1])
+for step in range(1, 11):
+    value = Summary.Value(tag="charts/episodic_return", simple_value=100.0 * seed)
+    writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
+writer.close()
+"""]
+
+
 def summary_rows(out):
     with open(out / "summary.csv") as f:
         return {row["env_id"]: row for row in csv.DictReader(f)}
@@ -178,3 +193,35 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     assert checkpoint.load_checkpoint(run_dir)["global_step"] == iterations * 512
     steps = [p.step for p in read_scalars(run_dir, "charts/learning_rate")]
     assert steps == [512 * i for i in range(1, iterations + 1)], "resumed, not restarted: every iteration logged once"
+
+
+def test_summary_gives_each_env_and_all_envs_iqm_median_mean_and_optimality_gap_with_intervals(tmp_path):
+    out = tmp_path / "bench"
+    flags = ["--env-ids", "CartPole-v1", "Acrobot-v1", "--num-seeds", "4", "--workers", "2", "--out", str(out)]
+    proc = run_fleetrl("benchmark", *flags, "--score-bounds", "CartPole-v1=0,500", "Acrobot-v1=0,1000", "--", *LOG_RETURNS, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # returns 100, 200, 300, 400: the IQM cuts one run at each end, (200 + 300) / 2 = 250, which is 0.5 of 0..500
+    assert "| CartPole-v1 | min-max (0, 500) | 4 | 0.500 [" in proc.stdout
+    assert "| Acrobot-v1 | min-max (0, 1000) | 4 | 0.250 [" in proc.stdout
+    assert "| all envs | normalised | 4 (x 2 envs) |" in proc.stdout and "95% stratified bootstrap" in proc.stdout
+    with open(out / "intervals.csv") as f:
+        rows = {row["env_id"]: row for row in csv.DictReader(f)}
+    assert float(rows["CartPole-v1"]["iqm"]) == pytest.approx(0.5) and float(rows["CartPole-v1"]["optimality_gap"]) == pytest.approx(0.5)
+    assert float(rows["all envs"]["mean"]) == pytest.approx((0.5 + 0.25) / 2)
+    assert "## Confidence intervals" in (out / "summary.md").read_text()
+
+
+def test_bad_normalisation_is_refused_before_any_run_starts(tmp_path):
+    out = tmp_path / "bench"
+    proc = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--normalize", "human", "--out", str(out), "--", *ECHO, timeout=60)
+    assert proc.returncode == 2 and "only the 57 Atari games have" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (out / "logs").exists()
+
+
+@pytest.mark.slow
+def test_a_tiny_real_benchmark_prints_the_interval_summary(tmp_path):
+    out = tmp_path / "bench"
+    proc = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *TINY_TRAIN, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| CartPole-v1 | return | 2 |" in proc.stdout and "IQM [95% CI]" in proc.stdout
+    assert (out / "intervals.csv").exists()

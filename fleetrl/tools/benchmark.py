@@ -13,14 +13,16 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import tyro
 
 from fleetrl import config
 from fleetrl.cores import available_cores
 from fleetrl.errors import FleetError
+from fleetrl.tools import stats
 
 RETURN_TAG = "charts/episodic_return"
 FINAL_POINTS = 10  # the final return is the mean of this many last episodic returns
@@ -46,6 +48,8 @@ class BenchmarkArgs:
     """write OUT/benchmark.slurm (a Slurm job array, one task per env x seed) instead of running here"""
     slurm_cpus_per_task: int = 1
     """with --slurm-template: CPU cores each array task asks for (and uses as its thread count)"""
+    stats: tyro.conf.OmitArgPrefixes[stats.StatsArgs] = field(default_factory=stats.StatsArgs)
+    """the summary's confidence intervals: how returns become scores, and the bootstrap"""
 
 
 DESCRIPTION = """Run a command for every env id x seed, several at a time, then summarise the final returns.
@@ -64,7 +68,7 @@ class Run:
     @property
     def name(self) -> str:
         """The run's folder, log and status name: ``{env}__{seed}``, with '/' and ':' made path-safe."""
-        return f"{self.env_id.replace('/', '-').replace(':', '-')}__{self.seed}"
+        return f"{config.path_safe(self.env_id)}__{self.seed}"
 
 
 @dataclass
@@ -157,7 +161,11 @@ def final_return(run_dir: Path, last: int = FINAL_POINTS) -> float | None:
         return None
     from fleetrl.monitor.tbread import read_scalars  # tensorboard is slow to import; only when needed
 
-    points = read_scalars(run_dir, RETURN_TAG)
+    return mean_of_last(read_scalars(run_dir, RETURN_TAG), last)
+
+
+def mean_of_last(points: list, last: int = FINAL_POINTS) -> float | None:
+    """A run's final return from its ``RETURN_TAG`` points (tbread.Point), or None if there are none."""
     return float(np.mean([p.value for p in points[-last:]])) if points else None
 
 
@@ -376,21 +384,33 @@ def markdown_table(header: list[str], cells: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
 
 
-def print_summary(rows: list[dict]) -> None:
+def print_table(header: list[str], cells: list[list[str]], title: str) -> None:
     """A rich table on a terminal; the same table as plain markdown text in a log or a pipe."""
-    cells = summary_cells(rows)
     if not sys.stdout.isatty():
-        print(markdown_table(SUMMARY_HEADER, cells), flush=True)
+        print(markdown_table(header, cells), flush=True)
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="fleetrl benchmark")
-    for i, column in enumerate(SUMMARY_HEADER):
+    table = Table(title=title)
+    for i, column in enumerate(header):
         table.add_column(column, justify="left" if i == 0 else "right")
     for row in cells:
         table.add_row(*row)
     Console().print(table)
+
+
+def interval_summary(env_ids: list[str], results: list[Result], scales: dict, args: stats.StatsArgs) -> tuple[list[stats.IntervalRow], list[str]]:
+    """The confidence-interval rows of the final returns (per env, and over all envs when normalised), and the notes
+    that say why a row is missing."""
+    if not stats.available():
+        return [], ["No confidence intervals: they need the 'stats' extra: pip install 'fleetrl[stats]'."]
+    by_seed = sorted((r for r in results if r.ok and r.final_return is not None), key=lambda r: r.run.seed)
+    returns = {env_id: [r.final_return for r in by_seed if r.run.env_id == env_id] for env_id in dict.fromkeys(env_ids)}
+    rows = stats.interval_rows(returns, scales, args)
+    if not any(row.estimates for row in rows):  # a table of dashes says less than this line
+        return [], [f"No confidence intervals: they need {stats.MIN_RUNS} or more seeds with a final return per env."]
+    return rows, [note for note in [stats.aggregate_note(scales)] if note]
 
 
 def failure_report(result: Result, out: Path) -> str:
@@ -401,7 +421,7 @@ def failure_report(result: Result, out: Path) -> str:
     return "\n".join(lines + [f"  | {line}" for line in tail])
 
 
-def write_summaries(out: Path, base: list[str], rows: list[dict], results: list[Result]) -> None:
+def write_summaries(out: Path, base: list[str], rows: list[dict], results: list[Result], intervals: list[stats.IntervalRow], stats_args: stats.StatsArgs) -> None:
     with open(out / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -421,6 +441,7 @@ def write_summaries(out: Path, base: list[str], rows: list[dict], results: list[
         f"# fleetrl benchmark: {out.name}",
         f"Command: `{shlex.join(base)}`; final return = mean of the last {FINAL_POINTS} `{RETURN_TAG}` points of each run, then mean ± std over seeds.",
         markdown_table(SUMMARY_HEADER, summary_cells(rows)),
+        *(["## Confidence intervals", stats.explain(stats_args), markdown_table(stats.INTERVAL_HEADER, [row.cells() for row in intervals])] if intervals else []),
         "## Runs",
         markdown_table(["env", "seed", "status", "final return", "wall time", "log"], run_cells),
     ]
@@ -428,6 +449,7 @@ def write_summaries(out: Path, base: list[str], rows: list[dict], results: list[
     if failed:
         parts += ["## Failed runs"] + ["```\n" + failure_report(r, out) + "\n```" for r in failed]
     (out / "summary.md").write_text("\n\n".join(parts) + "\n")
+    stats.write_csv(out / "intervals.csv", intervals)
 
 
 class BenchmarkFailed(FleetError):
@@ -440,6 +462,7 @@ def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
     """Run (or, with --slurm-template, script) every env x seed; returns the results of this call and earlier ones."""
     check_command(base)
     runs = plan(args)
+    scales = stats.check_args(args.stats, list(dict.fromkeys(args.env_ids)), "--env-ids")
     out = Path(args.out or os.path.join("runs", f"benchmark_{int(time.time())}"))
     try:
         (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -469,9 +492,15 @@ def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
 
     rows = summarise(args.env_ids, results)
     print()
-    print_summary(rows)
-    write_summaries(out, base, rows, results)
-    print(f"\nsummary: {out / 'summary.csv'}, {out / 'summary.md'}")
+    print_table(SUMMARY_HEADER, summary_cells(rows), "fleetrl benchmark")
+    intervals, notes = interval_summary(args.env_ids, results, scales, args.stats)
+    if intervals:
+        print()
+        print_table(stats.INTERVAL_HEADER, [row.cells() for row in intervals], stats.TITLE)
+    if notes or intervals:
+        print("\n" + "\n".join(notes + ([stats.explain(args.stats)] if intervals else [])))
+    write_summaries(out, base, rows, results, intervals, args.stats)
+    print(f"\nsummary: {out / 'summary.csv'}, {out / 'summary.md'}" + (f", {out / 'intervals.csv'}" if intervals else ""))
     failed = [r for r in results if not r.ok]
     if failed:
         print()

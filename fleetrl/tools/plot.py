@@ -96,7 +96,11 @@ def load_curve(run_dir: Path, metric: str, x: str) -> tuple[np.ndarray, np.ndarr
     in the same logged step, and np.interp needs increasing x)."""
     from fleetrl.monitor.tbread import read_scalars  # tensorboard is slow to import; only when needed
 
-    points = read_scalars(run_dir, metric)
+    return curve_of(read_scalars(run_dir, metric), x)
+
+
+def curve_of(points: list, x: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`load_curve` of points already read (tbread.Point)."""
     if not points:
         return np.empty(0), np.empty(0)
     if x == "time":

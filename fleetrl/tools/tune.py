@@ -45,6 +45,7 @@ from fleetrl.tools.benchmark import (
     plural,
     resolve_command,
 )
+from fleetrl.tools.scores import parse_env_bounds
 
 POLL_S = 1.0  # how often a trial's processes and TensorBoard logs are checked
 DEFAULT_REPORTS = 10  # without --report-every, a trial reports this many times over its run
@@ -391,19 +392,7 @@ def _number(value: Any, kind: str) -> float | int | None:
 
 def parse_targets(items: list[str], env_ids: list[str]) -> dict[str, tuple[float, float]]:
     """``ENV=LO,HI`` per env; required for every env when there are several (raw returns of two envs do not add up)."""
-    targets = {}
-    for item in items:
-        env_id, sep, pair = item.rpartition("=")
-        parts = pair.split(",")
-        try:
-            lo, hi = (float(p) for p in parts) if len(parts) == 2 else (None, None)
-        except ValueError:
-            lo = hi = None
-        if not sep or lo is None or not (math.isfinite(lo) and math.isfinite(hi)) or lo == hi:
-            raise FleetError(f"--target-scores takes ENV=LO,HI with two different finite numbers, e.g. CartPole-v1=0,500 Acrobot-v1=-500,0; got {item!r}.")
-        if env_id not in env_ids:
-            raise FleetError(f"--target-scores names {env_id!r}, which is not one of --env-ids {' '.join(env_ids)}.")
-        targets[env_id] = (lo, hi)
+    targets = parse_env_bounds(items, env_ids, "--target-scores", "--env-ids")
     missing = [e for e in env_ids if e not in targets]
     if len(env_ids) > 1 and missing:
         raise FleetError(f"With several envs, each needs --target-scores ENV=LO,HI (e.g. random and expert returns) so their scores can be "
@@ -711,7 +700,7 @@ class Outcome:
 
 
 def run_name(env_id: str, seed: int) -> str:
-    return f"{env_id.replace('/', '-').replace(':', '-')}__{seed}"
+    return f"{config.path_safe(env_id)}__{seed}"
 
 
 def failed_for_good(trials: list) -> list:
