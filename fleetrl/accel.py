@@ -1,6 +1,11 @@
 """Compute settings for the networks, chosen at start and explained: precision (fp32, or bf16 autocast around the
 network only), memory format (channels-last for CNNs), torch.compile of the learner step, and the CUDA runtime flags.
 
+Where there is a choice it is measured on this machine, once: the result is cached per machine, torch version,
+threads and network (``~/.cache/fleetrl/accel.json``, or ``$FLEETRL_CACHE_DIR``), because each setting changes the
+arithmetic and a timing taken beside other jobs swings several-fold. So the same command trains the same way on a
+quiet and on a busy machine, and a resumed run keeps the settings its checkpoint was trained with.
+
 Only the network's forward runs in bf16. Its outputs come back as fp32 (``Agent.forward`` casts them), so
 log-probabilities, the ratio, the losses, GAE, normalisation, the parameters and the optimiser stay fp32, and acting
 and learning compute log-probabilities the same way (at equal parameters the first minibatch's ``approx_kl`` is ~0).
@@ -9,11 +14,15 @@ and learning compute log-probabilities the same way (at equal parameters the fir
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
 import sys
 import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -27,6 +36,10 @@ PRECISIONS = ("auto", "fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PROBE_STEPS = 3  # timed training steps per candidate setting, taken in turns after one untimed warm-up round
 PROBE_MAX_BATCH = 256  # the probe times at most this many samples a step: enough to rank the settings
+# A setting later in the list (channels-last, bf16) must be this much faster than an earlier one to be chosen: each
+# changes the arithmetic, so near-ties must not flip with the machine's load from one start of a command to the next
+PROBE_MARGIN = 0.15
+CACHE_FILE = "accel.json"
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # without these, CPUs emulate bf16 (measured 10x slower)
 
 
@@ -92,15 +105,20 @@ class Accel:
             model.to(memory_format=torch.channels_last)
         return model
 
+    def state(self) -> dict[str, Any]:
+        """The choice as plain values, for checkpoints and the cache."""
+        return {"dtype": "bf16" if self.dtype == torch.bfloat16 else "fp32", "channels_last": self.channels_last}
+
     def compiled(self, fn: Callable, model: nn.Module, dist: Any = None) -> Callable:
         """``fn`` (returning the loss first) under torch.compile with --compile, falling back to eager if it fails."""
         return CompiledStep(fn, model, dist) if self.compile else fn
 
 
 def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.device, obs_space: Any, batch_size: int,
-                 dist: Any = None, verbose: bool = False) -> Accel:
-    """Pick precision and memory format for ``model`` (measured at start where there is a choice), apply them, and
-    say why. The probe trains a copy of the model on ``batch_size`` observations from ``obs_space`` (one minibatch)."""
+                 dist: Any = None, verbose: bool = False, saved: dict[str, Any] | None = None) -> Accel:
+    """Pick precision and memory format for ``model`` (measured once on this machine where there is a choice), apply
+    them, and say why. The probe trains a copy of the model on ``batch_size`` observations from ``obs_space`` (one
+    minibatch). ``saved``: a resumed checkpoint's choice (:meth:`Accel.state`), kept as it was."""
     check_precision(precision)
     configure_device(device)
     is_cnn = any(p.dim() == 4 for p in model.parameters())
@@ -111,7 +129,10 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
         dtypes = [DTYPES[precision]]
     candidates = [Accel(d, cl, compile) for d in dtypes for cl in ((False, True) if is_cnn else (False,))]
 
-    if len(candidates) == 1:
+    if saved is not None and precision in ("auto", saved["dtype"]):
+        choice = Accel(DTYPES[saved["dtype"]], bool(saved["channels_last"]) and is_cnn, compile)
+        reason = "as the resumed checkpoint was trained"
+    elif len(candidates) == 1:
         choice = candidates[0]
         if precision == "auto":
             reason = f"{why_native}, so fp32" if not native else "fp32"
@@ -120,11 +141,20 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
     else:
         obs_dtype = torch.uint8 if network_obs_dtype(obs_space.shape, obs_space.dtype) == np.uint8 else torch.float32  # as the learner sees them
         example_obs = torch.zeros((min(batch_size, PROBE_MAX_BATCH), *obs_space.shape), dtype=obs_dtype, device=device)
-        times = _time_training_steps(model, candidates, example_obs, device)
-        choice = min(times, key=times.get)
+        key = _cache_key(model, candidates, example_obs, device)
+        cached = _read_cache().get(key)
+        if cached is not None:
+            times = {c: cached["ms"][c.label] / 1e3 for c in candidates}
+            how = f"measured on this machine before (cached in {cache_dir() / CACHE_FILE}; delete it to measure again)"
+        else:
+            times = _time_training_steps(model, candidates, example_obs, device)
+            _write_cache(key, {"ms": {c.label: t * 1e3 for c, t in times.items()}, "when": time.strftime("%Y-%m-%d %H:%M")})
+            how = "measured"
+        fastest = min(times.values())
+        choice = next(c for c in candidates if times[c] <= fastest * (1 + PROBE_MARGIN))
         measured = ", ".join(f"{c.label.replace(', compiled', '')} {t * 1e3:.0f} ms" for c, t in times.items())
         prefix = f"{why_native}; " if precision == "auto" else f"--precision {precision}; "
-        reason = f"{prefix}measured a training step of {example_obs.shape[0]} samples: {measured}"
+        reason = f"{prefix}{how} a training step of {example_obs.shape[0]} samples: {measured}"
     if dist is not None and dist.enabled:  # every replica must run the same arithmetic: rank 0's choice wins
         choice, reason = dist.broadcast_object((choice, reason))
     choice = Accel(choice.dtype, choice.channels_last, compile, reason)
@@ -132,6 +162,47 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
     if verbose:
         print(f"precision: {choice.label} ({reason})", flush=True)
     return choice
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FLEETRL_CACHE_DIR") or Path.home() / ".cache" / "fleetrl")
+
+
+def _cache_key(model: nn.Module, candidates: list[Accel], example_obs: torch.Tensor, device: torch.device) -> str:
+    """What a timing depends on: the device, torch and its threads, the network and the batch."""
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model()
+    shapes = ",".join(str(tuple(p.shape)) for p in model.parameters())
+    parts = [where, torch.__version__, str(torch.get_num_threads()), type(model).__name__, shapes, str(tuple(example_obs.shape)),
+             str(example_obs.dtype), "|".join(c.label for c in candidates)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"{model} {sorted(_cpu_flags() & set(NATIVE_BF16_CPU_FLAGS))} {os.cpu_count()}"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        return json.loads((cache_dir() / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, entry: dict[str, Any]) -> None:
+    """Add one measurement, atomically; a cache that cannot be written only means measuring again next time."""
+    path = cache_dir() / CACHE_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{CACHE_FILE}.{os.getpid()}")
+        tmp.write_text(json.dumps({**_read_cache(), key: entry}, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _time_training_steps(model: nn.Module, settings: list[Accel], example_obs: torch.Tensor, device: torch.device) -> dict[Accel, float]:

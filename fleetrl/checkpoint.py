@@ -5,8 +5,10 @@ A checkpoint is two files in ``{run_dir}/checkpoints``:
 * ``ckpt_{step}.pt``: a ``torch.save`` of plain containers, tensors and numbers only, so it loads with
   ``torch.load(weights_only=True)``;
 * ``ckpt_{step}.json``: its manifest (sha256, size, step, and a write sequence number), written last.
-  The manifest is the commit marker: a ``.pt`` without one, or whose bytes do not match it, is torn or
-  corrupt and is skipped with a warning.
+  A ``.pt`` whose bytes do not match its manifest is torn or corrupt and is skipped with a warning. A ``.pt``
+  without a manifest (written before manifests existed, or by a run killed between the two renames) is complete,
+  since it was renamed into place whole, but unverified: it is used, with a warning, and counts as older than
+  every checkpoint that has a manifest. A manifest passed where a checkpoint is asked for names its ``.pt``.
 
 Each file goes to a temporary name in the same folder, is fsynced, renamed over the final name, and the
 folder is fsynced, so a crash or a full disk at any moment leaves the earlier checkpoints as they were.
@@ -18,6 +20,7 @@ branch instead of the abandoned one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -47,13 +50,11 @@ class CheckpointWriteError(FleetError):
 
 @dataclass(frozen=True)
 class Entry:
-    """A committed checkpoint: its file and what its manifest says."""
+    """A checkpoint of a run: its file and what its manifest says (sequence 0: no manifest, unverified)."""
 
     path: Path
     step: int
     sequence: int
-    sha256: str
-    size: int
 
 
 def checkpoint_path(run_dir: str | Path, global_step: int) -> Path:
@@ -65,20 +66,24 @@ def manifest_path(path: Path) -> Path:
 
 
 def _entries(run_dir: str | Path) -> list[Entry]:
-    """The committed checkpoints of a run, in the order they were written (oldest first)."""
+    """The checkpoints of a run, in the order they were written (oldest first): those without a manifest first, by step."""
     folder = Path(run_dir) / CHECKPOINT_DIR
     if not folder.is_dir():
         return []
     found = []
     for p in folder.iterdir():
-        if not _NAME.fullmatch(p.name):
+        name = _NAME.fullmatch(p.name)
+        if not name:
+            continue
+        if not manifest_path(p).exists():  # unverified, but whole: it was renamed into place
+            found.append(Entry(p, int(name.group(1)), 0))
             continue
         try:
             m = json.loads(manifest_path(p).read_text())
-            found.append(Entry(p, int(m["global_step"]), int(m["sequence"]), str(m["sha256"]), int(m["size"])))
+            found.append(Entry(p, int(m["global_step"]), int(m["sequence"])))
         except (OSError, ValueError, KeyError, TypeError):
-            continue  # no manifest (torn before its commit) or an unreadable one: not a checkpoint
-    return sorted(found, key=lambda e: e.sequence)
+            continue  # an unreadable manifest: the loader would refuse it, so it is not offered
+    return sorted(found, key=lambda e: (e.sequence, e.step))
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -104,15 +109,14 @@ def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int) -> Pa
         _write_atomically(path, data)
         _write_atomically(manifest_path(path), json.dumps(manifest, indent=1).encode())  # the commit marker, last
     except (OSError, RuntimeError) as exc:
+        for file in (manifest_path(path), path):  # a file without its manifest would be taken for an older, unverified one
+            with contextlib.suppress(OSError):
+                file.unlink(missing_ok=True)
         raise CheckpointWriteError(f"Could not write the checkpoint {path}: {exc}.") from None
     committed = _entries(run_dir)
     for old in committed[:-keep] if keep > 0 else []:
         for file in (manifest_path(old.path), old.path):  # the manifest first: a half-removed one is not listed
             file.unlink(missing_ok=True)
-    kept = {e.path.name for e in committed}
-    for torn in path.parent.glob("ckpt_*.pt"):  # written by a run killed before its manifest: never usable
-        if torn.name not in kept:
-            torn.unlink(missing_ok=True)
     return path
 
 
@@ -152,7 +156,7 @@ def load_checkpoint(path: str | Path, algo: str | None = None) -> dict[str, Any]
 
 def load_checkpoint_and_path(path: str | Path, algo: str | None = None) -> tuple[dict[str, Any], Path]:
     """:func:`load_checkpoint`, and the file it loaded."""
-    path = Path(path)
+    path = _named_by_manifest(Path(path))
     if path.is_dir():
         entries = _entries(path)
         if not entries:
@@ -172,9 +176,16 @@ def load_checkpoint_and_path(path: str | Path, algo: str | None = None) -> tuple
         raise FleetError(f"Could not use the checkpoint {path}: {exc} Pass an earlier checkpoint of its run ({path.parent}).") from None
 
 
+def _named_by_manifest(path: Path) -> Path:
+    """A checkpoint's manifest (``ckpt_*.json``) stands for its checkpoint file."""
+    if path.suffix == ".json" and _NAME.fullmatch(path.with_suffix(".pt").name) and path.with_suffix(".pt").exists():
+        return path.with_suffix(".pt")
+    return path
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file as given, or the newest committed checkpoint inside a run folder."""
-    path = Path(path)
+    """A checkpoint file as given (or named by its manifest), or the newest checkpoint inside a run folder."""
+    path = _named_by_manifest(Path(path))
     if path.is_dir():
         found = list_checkpoints(path)
         if not found:

@@ -71,6 +71,7 @@ class Run:
     _cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _shared: dict[str, Any] = field(default_factory=dict)  # name -> object with state_dict/load_state_dict
     _per_rank: dict[str, Any] = field(default_factory=dict)
+    _remembered: dict[str, Any] = field(default_factory=dict)  # plain values every checkpoint carries (run.remember)
     _env_shapes: tuple | None = None
     _failed_writes: int = 0
     _signal: int | None = None  # the stop signal received, if any
@@ -89,6 +90,10 @@ class Run:
         dist = init_distributed(args.cuda, args.dist_backend, args.dist_timeout)
         try:
             return cls._start(args, explicit, family_defaults, validate, dist, algo, wide_network)
+        except FleetError as exc:
+            exc.quiet = exc.quiet or not dist.is_main  # every rank refuses the same flags; rank 0 says it once
+            dist.close()
+            raise
         except BaseException:
             dist.close()
             raise
@@ -126,8 +131,10 @@ class Run:
             run.last_checkpoint = resumed.get("_path")
         runtime.seed_everything(run.seed, args.torch_deterministic)
         cnn = family.name in IMAGE_FAMILIES or wide_network
-        # a CNN's spinning threads collapse beside other jobs; sleeping ones do not (docs/backends.md, "Thread plan")
-        watch = cnn and args.torch_threads is None and not runtime.threads_wait_passively()
+        # a CNN's spinning threads collapse beside other jobs; sleeping ones do not (docs/backends.md, "Thread plan"). But
+        # a CNN's gradients differ in the last bits with the thread count, so a plan that follows the load would make one
+        # command train differently on a busy machine: it follows the load only with --no-torch-deterministic
+        watch = cnn and args.torch_threads is None and not args.torch_deterministic and not runtime.threads_wait_passively()
         busy = runtime.busy_cores_elsewhere() if watch else 0.0
         run.threads = runtime.plan_threads(None, dist.local_world_size, local_num_envs, cnn=cnn,
                                            policy_lag=getattr(args, "policy_lag", 0), torch_threads=args.torch_threads, busy_elsewhere=busy)
@@ -142,7 +149,7 @@ class Run:
     def make_envs(self, **options: Any) -> Any:
         """This rank's training envs (``run.local_num_envs`` of them), closed with the run; their spaces are checked
         for the algorithm and their shapes kept, so a checkpoint from another env is refused. ``options`` go to
-        :func:`fleetrl.envs.make_vector_env` (PPO's sampler passes ``async_batch`` and ``split``)."""
+        :func:`fleetrl.envs.make_vector_env` (PPO's sampler passes ``async_batch``)."""
         args = self.args
         envs = self.closing(make_vector_env(
             args.env_id, self.local_num_envs, args.env_backend, training=True, sticky_actions=args.sticky_actions, family=self.family,
@@ -152,6 +159,11 @@ class Run:
             video_dir=f"{args.run_dir}/videos" if args.capture_video and self.dist.is_main else None, **options))
         check_spaces(args.env_id, envs.single_observation_space, envs.single_action_space, self.algo)
         self.check_env(envs.single_observation_space.shape, envs.single_action_space.shape)  # a resumed checkpoint must fit
+        saved = (self.resumed or {}).get("args", {}).get("env_backend", "auto")
+        if saved not in ("auto", envs.backend) and self.dist.is_main:  # given again on the command line, else it is the saved one
+            print(f"fleetrl: note: resuming on --env-backend {envs.backend}; the checkpoint was trained on {saved}, and backends can "
+                  f"differ in the data they give (docs/backends.md).", file=sys.stderr, flush=True)
+        args.env_backend = envs.backend  # auto's choice, in the config and every checkpoint: a resume uses it
         return envs
 
     def start_logging(self, envs: Any, num_iterations: int, steps_per_iteration: int, notes: dict[str, str] | None = None) -> TrainLog:
@@ -235,6 +247,15 @@ class Run:
         """Objects (with ``state_dict``/``load_state_dict``) that are the same on every rank: saved from rank 0."""
         self._shared.update(objects)
 
+    def remember(self, **values: Any) -> None:
+        """Plain values (choices made at start, such as the precision) that every checkpoint carries, so that a resumed
+        run makes the same choice: :meth:`remembered` gives them back."""
+        self._remembered.update(values)
+
+    def remembered(self, name: str) -> Any:
+        """What the resumed checkpoint remembered under ``name``; None for a fresh run (or an older checkpoint)."""
+        return (self.resumed or {}).get("remembered", {}).get(name)
+
     def register_per_rank(self, **objects: Any) -> None:
         """Objects each rank holds its own of (the sampling RNG): every rank's is saved."""
         self._per_rank.update(objects)
@@ -283,7 +304,7 @@ class Run:
         if self.dist.is_main:
             state = {**{k: v.state_dict() for k, v in self._shared.items()}, "ranks": ranks, "global_step": global_step,
                      "iteration": iteration, "algo": self.algo, "family": self.family.name, "args": asdict(self.args),
-                     "world_size": self.dist.world_size}
+                     "world_size": self.dist.world_size, "remembered": dict(self._remembered)}
             if self._env_shapes is not None:
                 state["obs_shape"], state["action_shape"] = self._env_shapes
             try:

@@ -10,18 +10,27 @@ from pathlib import Path
 TESTS_DIR = Path(__file__).parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+# the session's own cache of measured settings (fleetrl/accel.py), shared by its runs, apart from the user's
+if "FLEETRL_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["FLEETRL_CACHE_DIR"] = tempfile.mkdtemp(prefix="fleetrl-test-cache-")
 
 
-def fleetrl_env(threads: int = 1) -> dict[str, str]:
-    """Environment for a fleetrl subprocess: the tests folder importable (custom envs), fixed threads."""
+def fleetrl_env(threads: int | None = 1) -> dict[str, str]:
+    """Environment for a fleetrl subprocess: the tests folder importable (custom envs), fixed threads (None: as a user
+    runs it, the thread plan decides)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = str(threads)
+    if threads is None:
+        env.pop("OMP_NUM_THREADS", None)
+    else:
+        env["OMP_NUM_THREADS"] = str(threads)
     env["PYTHONFAULTHANDLER"] = "1"  # a worker that aborts (SIGABRT, SIGSEGV) prints its Python stacks into the test output
     return env
 
 
-def run_fleetrl(*args: str, cwd: str | Path | None = None, timeout: float = 600, threads: int = 1) -> subprocess.CompletedProcess:
+def run_fleetrl(*args: str, cwd: str | Path | None = None, timeout: float = 600, threads: int | None = 1) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "fleetrl", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=fleetrl_env(threads)
     )

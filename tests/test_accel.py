@@ -85,6 +85,30 @@ def test_auto_precision_explains_its_choice_and_measures_only_real_options():
     assert cnn.compute_dtype == torch.float32
 
 
+def test_the_measured_choice_is_cached_so_a_busy_machine_repeats_it(tmp_path, monkeypatch):
+    import fleetrl.accel as accel
+
+    monkeypatch.setenv("FLEETRL_CACHE_DIR", str(tmp_path))
+    cnn = Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4))
+    first = choose_accel(cnn, "fp32", False, torch.device("cpu"), IMAGE_SPACE, 32)
+    assert "measured a training step" in first.reason and (tmp_path / "accel.json").exists()
+    monkeypatch.setattr(accel, "_time_training_steps", lambda *a, **k: pytest.fail("timed again"))
+    again = choose_accel(Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4)), "fp32", False, torch.device("cpu"), IMAGE_SPACE, 32)
+    assert again.state() == first.state() and "cached in" in again.reason
+    # another batch size is another measurement
+    with pytest.raises(pytest.fail.Exception, match="timed again"):
+        choose_accel(Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4)), "fp32", False, torch.device("cpu"), IMAGE_SPACE, 16)
+
+
+def test_a_resumed_run_keeps_the_settings_it_was_trained_with(monkeypatch):
+    import fleetrl.accel as accel
+
+    monkeypatch.setattr(accel, "_time_training_steps", lambda *a, **k: pytest.fail("a resume measures nothing"))
+    cnn = Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4))
+    choice = choose_accel(cnn, "auto", False, torch.device("cpu"), IMAGE_SPACE, 32, saved={"dtype": "fp32", "channels_last": True})
+    assert choice.state() == {"dtype": "fp32", "channels_last": True} and "resumed" in choice.reason
+
+
 def test_bad_precision_gets_a_clear_error_and_nonzero_exit(tmp_path):
     proc = run_fleetrl("train", "ppo", "--precision", "fp16", "--run-dir", str(tmp_path / "run"), timeout=120)
     assert proc.returncode != 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,8 +71,27 @@ def test_auto_skips_a_torn_or_corrupt_newest_checkpoint_with_a_warning(tmp_path,
         assert "skipping the checkpoint" in err and newest.name in err
         with pytest.raises(FleetError, match="torn|corrupt"):
             checkpoint.load_checkpoint(newest)  # named explicitly: a clear error, not a fallback
-    else:
-        assert names(tmp_path) == ["ckpt_000000000100.pt"], "an uncommitted file is not a checkpoint"
+    else:  # whole (renamed into place) but unverified: kept, and older than every verified checkpoint
+        assert names(tmp_path) == ["ckpt_000000000200.pt", "ckpt_000000000100.pt"]
+
+
+def test_checkpoints_without_manifests_are_used_unverified_by_eval_and_resume_auto(tmp_path, cartpole_run):
+    run_dir = tmp_path / "old"
+    shutil.copytree(cartpole_run, run_dir)
+    for manifest in (run_dir / "checkpoints").glob("*.json"):
+        manifest.unlink()  # as written before checkpoints had manifests
+    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", timeout=120)
+    assert evaluated.returncode == 0 and "has no manifest" in evaluated.stderr, evaluated.stderr[-3000:]
+    resumed = run_fleetrl("train", "ppo", "--resume", "auto", "--run-dir", str(run_dir), "--total-timesteps", str(3 * BATCH), timeout=180)
+    assert resumed.returncode == 0 and "has no manifest" in resumed.stderr, resumed.stderr[-3000:]
+    assert checkpoint.load_checkpoint(run_dir)["global_step"] == 3 * BATCH, "it continued from step 1024, not afresh"
+    assert [p.step for p in read_scalars(run_dir, "charts/learning_rate")][-1] == 3 * BATCH
+
+
+def test_a_checkpoints_manifest_names_its_checkpoint(cartpole_run):
+    manifest = checkpoint.manifest_path(checkpoint.list_checkpoints(cartpole_run)[-1])
+    evaluated = run_fleetrl("eval", str(manifest), "--episodes", "1", timeout=120)
+    assert evaluated.returncode == 0 and "torn" not in evaluated.stderr, evaluated.stderr[-3000:]
 
 
 def test_a_failed_write_leaves_every_earlier_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
@@ -254,17 +274,31 @@ def test_ppo_goes_on_through_env_worker_crashes_counts_them_and_stops_after_the_
 
 
 # ------------------------------------------------------------------------------------------ a disk that fills up
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 400 KiB tmpfs (root only): writes fail with ENOSPC once it is full."""
-    mount = tmp_path / "small"
+def tmpfs(tmp_path, name: str, size: str):
+    """A real tmpfs of ``size`` (root only), unmounted after: writes fail with ENOSPC once it is full. CI runs as root,
+    so there a mount that fails is a failure, never a skip."""
+    mount = tmp_path / name
     mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)]).returncode != 0:
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root and must mount a tmpfs to test a full disk")
         pytest.skip("mounting a small tmpfs needs root")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)])
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """400 KiB: a run fills it with its own logs and checkpoints."""
+    yield from tmpfs(tmp_path, "small", "400k")
+
+
+@pytest.fixture
+def roomy_disk(tmp_path):
+    """16 MiB: a run starts with room, and the test fills it mid-run."""
+    yield from tmpfs(tmp_path, "roomy", "16m")
 
 
 @pytest.mark.slow
@@ -278,6 +312,35 @@ def test_a_full_disk_is_reported_retried_then_stops_naming_the_last_good_checkpo
     assert "3 failed checkpoint writes in a row" in proc.stderr and "No space left on device" in proc.stderr
     last_good = checkpoint.load_checkpoint(run_dir)
     assert f"ckpt_{int(last_good['global_step']):012d}.pt" in proc.stderr.split("last good checkpoint is")[-1]
+
+
+def fill(folder) -> None:
+    """Write zeros into ``folder`` until its filesystem is full."""
+    with open(folder / "filler", "wb") as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+
+
+@pytest.mark.slow
+def test_a_disk_filled_mid_run_stops_logging_with_one_paragraph_no_thread_traceback_and_the_last_checkpoint_evaluates(roomy_disk):
+    run_dir = roomy_disk / "run"
+    proc = start_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--total-timesteps",
+                         str(2000 * BATCH), "--checkpoint-every", "3", "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: checkpoint.list_checkpoints(run_dir), proc, what="the first checkpoint")
+        fill(roomy_disk)
+        output = proc.communicate(timeout=240)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert output.count("TensorBoard logging stopped") == 1 and "No space left on device" in output, output[-3000:]
+    assert "failed checkpoint writes in a row" in output, "the checkpoints' own retries end the run"
+    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "2", timeout=120)
+    assert evaluated.returncode == 0 and "Traceback" not in evaluated.stderr, evaluated.stderr[-3000:]
 
 
 def test_a_run_folder_that_cannot_be_written_is_refused_before_anything_starts(tmp_path):

@@ -271,12 +271,14 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         num_iterations = args.total_timesteps // batch_size
 
         async_batch = local_async_batch(args, run.local_num_envs)  # None: every env each step
-        envs = run.make_envs(async_batch=async_batch, split=async_batch is None)  # auto probes backends as the sampler steps them
+        envs = run.make_envs(async_batch=async_batch)
         obs_shape = envs.single_observation_space.shape
         agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
         dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
+        # precision and memory format: measured once on this machine (or as the resumed run had them), explained
         accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
-                             dist, verbose=dist.is_main)  # precision and memory format: measured at start, explained
+                             dist, verbose=dist.is_main, saved=run.remembered("accel"))
+        run.remember(accel=accel.state())
         loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
         optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward

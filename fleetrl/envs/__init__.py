@@ -36,7 +36,6 @@ def make_vector_env(
     verbose: bool = False,
     video_dir: str | None = None,
     every_episode: bool = False,
-    split: bool = False,
     threads: ThreadPlan | None = None,
     max_restarts: int = 10,
     env_timeout: float | None = 60.0,
@@ -48,8 +47,6 @@ def make_vector_env(
     ``cores``: the CPU cores this process may use (under torchrun: its share of the machine).
     ``video_dir``: record env 0's episodes there as MP4 (backends that step Python envs: sync, async);
     CleanRL's capped cubic schedule of episodes, or ``every_episode``.
-    ``split``: the trainer steps two halves of the envs alternately by send/recv (the zero-lag
-    sampler), so ``auto`` measures the Atari backends that way.
     ``threads``: the run's thread plan (:func:`fleetrl.runtime.plan_threads`); its ``env_workers``
     sets the async backend's worker processes and ale/EnvPool's threads (without a plan: one per
     core of ``cores``, at most one per env). With ``verbose`` the plan is printed after the backend; it is attached to the
@@ -69,7 +66,7 @@ def make_vector_env(
     if backend == "auto":
         from fleetrl.envs.auto import choose_backend
 
-        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None, split=split)
+        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None)
         backend, reason, cost = choice.backend, f"auto: {choice.reason}", choice.cost
         check_flags(num_envs, backend, env_workers, env_threads)
     if video_dir and backend not in ("sync", "async", "gym-sync", "gym-async"):

@@ -48,12 +48,14 @@ def random_actions(space: gym.Space, count: int, rng: np.random.Generator) -> np
 
 
 def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS) -> StepCost:
-    """What one step of ``env_id`` costs (resets excluded), from at most ``seconds`` of stepping one copy."""
+    """What one step of ``env_id`` costs (resets excluded), from at most ``seconds`` of stepping one copy. An env that
+    raises after some steps is measured on those (training meets the error in its own envs, which the async backend
+    restarts); one that raises before its first step ends here with a clear error."""
     env = EnvFactory(env_id, family.name)()
+    walls, cpu = [], 0.0
     try:
         env.reset(seed=0)
         env.action_space.seed(0)
-        walls, cpu = [], 0.0
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline and len(walls) < PROBE_MAX_STEPS:
             action = env.action_space.sample()
@@ -63,11 +65,16 @@ def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS)
             cpu += time.thread_time() - c0
             if terminated or truncated:
                 env.reset()
-        return StepCost(float(np.median(walls) * 1e6), cpu / len(walls) * 1e6, len(walls))
     except EnvOutputError as exc:  # a NaN or a wrong shape: the env is at fault whichever backend runs it
         raise EnvOutputError(f"{exc} (Found while fleetrl timed the env's steps, with random actions, before training.)") from None
+    except Exception as exc:  # noqa: BLE001 - the env's own error: said in one paragraph, or measured around
+        if not walls:
+            raise FleetError(f"The env {env_id} raised before its first step was done, while fleetrl timed it before training: "
+                             f"{type(exc).__name__}: {exc}. Fix the env (it must reset and step with random actions), or "
+                             f"choose --env-backend and, for async, --env-workers and --env-threads yourself.") from None
     finally:
         env.close()
+    return StepCost(float(np.median(walls) * 1e6), cpu / len(walls) * 1e6, len(walls))
 
 
 def declared_thread_safe(env: gym.Env) -> bool | None:
@@ -84,7 +91,10 @@ def steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int = THREAD_C
     try:
         copies[0].action_space.seed(0)
         actions = [copies[0].action_space.sample() for _ in range(steps)]
-        alone = [_trajectory(copies[0], actions), _trajectory(copies[0], actions)]
+        try:
+            alone = [_trajectory(copies[0], actions), _trajectory(copies[0], actions)]
+        except Exception:  # noqa: BLE001 - an env that fails alone cannot be checked here; training meets its error
+            return None
         if not _same(*alone):
             return None
         together: list[Any] = [None, None]

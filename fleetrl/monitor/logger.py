@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -22,31 +23,55 @@ class Logger:
 
     ``purge_step`` is the step a resumed run continues from: TensorBoard drops anything an
     interrupted run wrote after it, so curves never hold duplicated steps.
+
+    A write that fails (a full disk, a vanished folder) stops the logging, not the run: one warning paragraph says
+    so, and training and checkpoints go on (checkpoints have their own retries and stop the run if they keep
+    failing). TensorBoard's writer thread, which meets the error first, is kept from printing a traceback.
     """
 
     def __init__(self, run_dir: str, enabled: bool = True, purge_step: int | None = None, track: bool = False,
                  wandb_project: str = "fleetrl", wandb_entity: str | None = None, config: Any = None):
         if enabled and track:  # before the SummaryWriter exists, so wandb can mirror it
             start_wandb(run_dir, wandb_project, wandb_entity, config)
-        self.writer = SummaryWriter(run_dir, purge_step=purge_step) if enabled else None
+        self.run_dir = run_dir
+        self.writer = self._guarded(lambda: SummaryWriter(run_dir, purge_step=purge_step)) if enabled else None
         self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.episodes = 0
         self._last_monitor = float("-inf")
+
+    def _guarded(self, write: Any) -> Any:
+        """Run one write to the event file; on an OSError, stop logging with one warning and return None."""
+        try:
+            return write()
+        except OSError as exc:
+            self._stop_logging(exc)
+            return None
+
+    def _stop_logging(self, exc: OSError) -> None:
+        writer, self.writer = getattr(self, "writer", None), None
+        print(f"fleetrl: warning: TensorBoard logging stopped: writing the event file in {self.run_dir} failed "
+              f"({exc.strerror or exc}). Training goes on without logs from here; checkpoints are still written, and if "
+              f"they fail too the run stops after a few tries, naming the last good one. Free space on that disk to keep "
+              f"logging in later runs (a resumed run logs again).", file=sys.stderr, flush=True)
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError:  # it cannot flush either; what it held is lost, the checkpoint is not
+                pass
 
     def hparams(self, args: Any) -> None:
         """The hyperparameters as a markdown table, as CleanRL logs them."""
         values = asdict(args) if is_dataclass(args) else dict(args)
         table = "\n".join(f"|{k}|{v}|" for k, v in values.items())
-        if self.writer:
-            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        self.text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     def text(self, name: str, value: str) -> None:
         if self.writer:
-            self.writer.add_text(name, value)
+            self._guarded(lambda: self.writer.add_text(name, value))
 
     def scalar(self, name: str, value: float, step: int) -> None:
         if self.writer:
-            self.writer.add_scalar(name, value, step)
+            self._guarded(lambda: self.writer.add_scalar(name, value, step))
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for name, value in values.items():
@@ -74,14 +99,33 @@ class Logger:
 
     def flush(self) -> None:
         if self.writer:
-            self.writer.flush()
+            self._guarded(self.writer.flush)
 
     def close(self) -> None:
         if self.writer:
-            self.writer.close()
+            self._guarded(self.writer.close)
         wandb = sys.modules.get("wandb")
         if wandb is not None and wandb.run is not None:
             wandb.finish()
+
+
+def _quiet_event_writer_threads() -> None:
+    """TensorBoard's writer thread re-raises a failed write after storing it for the main thread, which then raises it
+    in ``Logger``'s next call; keep the thread from printing the same error as a traceback first."""
+    previous = threading.excepthook
+    if getattr(previous, "fleetrl_quiet_event_writer", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook.fleetrl_quiet_event_writer = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
+_quiet_event_writer_threads()
 
 
 def start_wandb(run_dir: str, project: str, entity: str | None, config: Any) -> None:
