@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's fleetrl, whichever one the venv installed
 
 SLEEP_ENV, SOCKET_ENV = "ppo_speed_envs:Sleep5ms-v0", "socket_sim:SocketSim-v0"
 
