@@ -12,7 +12,8 @@ import torch
 
 from conftest import run_fleetrl
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0 and ShmImage-v0
-from fleetrl.algos.ppo import Agent
+from fleetrl.algos.ppo import Agent, rollout
+from fleetrl.algos.ppo import gae as compute_gae
 from fleetrl.envs import make_vector_env
 from fleetrl.envs.shm import SharedMemoryVectorEnv
 from fleetrl.envs.vector import SyncVectorEnv
@@ -20,7 +21,6 @@ from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.monitor.timing import PhaseTimer
 from fleetrl.sampling.normalize import ObsNormalizer
-from fleetrl.sampling.rollout import compute_gae
 from fleetrl.sampling.sampler import Sampler
 from test_gae import reference_gae
 
@@ -34,13 +34,13 @@ def make_agent(envs) -> Agent:
 
 
 def collect_rollouts(envs, split: bool | None, rollouts: int = 2, num_steps: int = 12, **kwargs) -> tuple[str, list[dict]]:
-    sampler = Sampler(envs, make_agent(envs), num_steps, device=torch.device("cpu"), seed=7, env_seed=11, timer=PhaseTimer(),
+    sampler = Sampler(envs, make_agent(envs), num_steps, rollout=rollout, device=torch.device("cpu"), seed=7, env_seed=11, timer=PhaseTimer(),
                       split=split, **kwargs)
     out = []
     try:
         for _ in range(rollouts):
-            rollout = sampler.collect()
-            out.append({k: getattr(rollout, k).copy() for k in FIELDS_EXACT + FIELDS_ROUNDED} | {"episodes": list(rollout.episodes)})
+            buffer = sampler.collect()
+            out.append({k: getattr(buffer, k).copy() for k in FIELDS_EXACT + FIELDS_ROUNDED} | {"episodes": list(buffer.episodes)})
             sampler.weights_updated()
     finally:
         sampler.close()
@@ -127,16 +127,16 @@ def test_first_ready_rollout_is_full_follows_each_env_and_a_slow_env_contributes
     # env 0 takes 10 ms a step, the others 0.2 ms; one env per worker, batches of the first 2 ready
     fns = [MakeEnv("ShmCounting-v0", {"length": 6, "step_us": 10_000 if i == 0 else 200}) for i in range(4)]
     envs = SharedMemoryVectorEnv(fns, num_workers=4, async_batch=2)
-    sampler = Sampler(envs, make_agent(envs), 16, device=torch.device("cpu"), seed=0, env_seed=100, timer=PhaseTimer(), async_batch=2)
+    sampler = Sampler(envs, make_agent(envs), 16, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=100, timer=PhaseTimer(), async_batch=2)
     try:
         assert sampler.mode == "first-ready"
         for _ in range(2):
-            rollout = sampler.collect()
-            assert rollout.env_ids.size == 4 * 16 and rollout.obs.shape[:2] == (32, 2)
-            counts = np.bincount(rollout.env_ids.ravel(), minlength=4)
+            buffer = sampler.collect()
+            assert buffer.env_ids.size == 4 * 16 and buffer.obs.shape[:2] == (32, 2)
+            counts = np.bincount(buffer.env_ids.ravel(), minlength=4)
             assert counts.sum() == 64 and counts[0] < counts[1:].min(), counts
             for env in range(4):  # each env's transitions continue its own episodes: obs [seed, episode, t, noise]
-                obs, dones = rollout.obs[rollout.env_ids == env], rollout.dones[rollout.env_ids == env]
+                obs, dones = buffer.obs[buffer.env_ids == env], buffer.dones[buffer.env_ids == env]
                 assert (obs[:, 0] == 100 + env).all()
                 for k in range(1, len(obs)):
                     assert obs[k, 2] == (0 if dones[k - 1] else obs[k - 1, 2] + 1)
@@ -149,14 +149,14 @@ def test_first_ready_policy_lag_chart_counts_the_transitions_acted_on_before_the
     # each rollout after the first opens with one transition per env whose action the previous weights chose
     fns = [MakeEnv("ShmCounting-v0", {"length": 6}) for _ in range(4)]
     envs = SharedMemoryVectorEnv(fns, num_workers=4, async_batch=2)
-    sampler = Sampler(envs, make_agent(envs), 8, device=torch.device("cpu"), seed=0, env_seed=1, timer=PhaseTimer(), async_batch=2)
+    sampler = Sampler(envs, make_agent(envs), 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=1, timer=PhaseTimer(), async_batch=2)
     try:
         lags = []
         for _ in range(3):
-            rollout = sampler.collect()
+            buffer = sampler.collect()
             lags.append(sampler.policy_lag)
             sampler.weights_updated()
-        assert lags == [0.0, 4 / rollout.env_ids.size, 4 / rollout.env_ids.size], lags
+        assert lags == [0.0, 4 / buffer.env_ids.size, 4 / buffer.env_ids.size], lags
     finally:
         sampler.close()
 
@@ -164,13 +164,13 @@ def test_first_ready_policy_lag_chart_counts_the_transitions_acted_on_before_the
 def test_observations_are_normalised_without_reward_normalisation():
     envs = SyncVectorEnv(counting(2))
     obs_norm = ObsNormalizer(envs.single_observation_space.shape)
-    sampler = Sampler(envs, make_agent(envs), 16, device=torch.device("cpu"), seed=0, env_seed=5, timer=PhaseTimer(), obs_norm=obs_norm)
+    sampler = Sampler(envs, make_agent(envs), 16, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=5, timer=PhaseTimer(), obs_norm=obs_norm)
     try:
-        rollout = sampler.collect()
+        buffer = sampler.collect()
     finally:
         sampler.close()
     assert obs_norm.rms.count > 16, "every step's observations update the statistics"
-    assert np.abs(rollout.obs[1:].mean(axis=(0, 1))).max() < 2.0, "the stored observations are normalised, not raw ([seed, ...])"
+    assert np.abs(buffer.obs[1:].mean(axis=(0, 1))).max() < 2.0, "the stored observations are normalised, not raw ([seed, ...])"
 
 
 def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch, capsys):
@@ -180,7 +180,7 @@ def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch
     envs = SyncVectorEnv([MakeEnv("fleetrl_test_envs:Flaky-v0", {"fail_on_step": 3, "how": "hang"})] * 2)
     closed = []
     envs.close = lambda: closed.append(True)
-    sampler = Sampler(envs, make_agent(envs), 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
+    sampler = Sampler(envs, make_agent(envs), 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
     sampler._start_thread()
     time.sleep(0.5)  # the thread is inside the hanging step
     sampler.close()
@@ -190,7 +190,7 @@ def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch
 def test_first_ready_needs_a_backend_that_returns_the_first_envs_ready():
     envs = SyncVectorEnv(counting(4))
     with pytest.raises(FleetError, match="--env-backend async or envpool"):
-        Sampler(envs, make_agent(envs), 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), async_batch=2)
+        Sampler(envs, make_agent(envs), 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), async_batch=2)
 
 
 def test_envpool_first_ready_keeps_same_step_autoreset_per_env():
@@ -241,7 +241,7 @@ def test_acting_copy_is_never_half_updated_and_lags_one_update():
     with torch.no_grad():
         for p in agent.parameters():
             p.fill_(0.0)  # version 0
-    sampler = Sampler(envs, agent, 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
+    sampler = Sampler(envs, agent, 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
     seen: list[tuple[int, set[float]]] = []
     act = sampler.actor.act
 
@@ -253,8 +253,8 @@ def test_acting_copy_is_never_half_updated_and_lags_one_update():
     sampler.actor.act = checked_act
     try:
         for iteration in range(6):
-            rollout = sampler.collect()
-            assert rollout.policy_version == max(0, iteration - 1)
+            buffer = sampler.collect()
+            assert buffer.policy_version == max(0, iteration - 1)
             assert sampler.policy_lag == (0 if iteration == 0 else 1)
             with torch.no_grad():  # a slow optimiser step: the live weights are half-updated for a while
                 for p in agent.parameters():
@@ -278,7 +278,7 @@ def test_policy_lag_merges_normalisation_statistics_once_an_iteration_on_the_lea
         return sums
 
     obs_norm, reward_norm = ObsNormalizer((4,), allreduce), RewardNormalizer(2, 0.99, allreduce)
-    sampler = Sampler(envs, agent, 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1,
+    sampler = Sampler(envs, agent, 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1,
                       obs_norm=obs_norm, reward_norm=reward_norm)
     try:
         for _ in range(3):
@@ -292,7 +292,7 @@ def test_policy_lag_merges_normalisation_statistics_once_an_iteration_on_the_lea
 
 def test_an_env_error_in_the_sampler_thread_reaches_the_learner_and_close_returns():
     envs = SyncVectorEnv(counting(2, raise_on_step=20))
-    sampler = Sampler(envs, make_agent(envs), 8, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
+    sampler = Sampler(envs, make_agent(envs), 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
     with pytest.raises(RuntimeError, match="told to fail on step 20"):
         for _ in range(4):
             sampler.collect()

@@ -1,6 +1,7 @@
 """PPO (clipped surrogate, GAE), discrete and continuous actions, read top to bottom as CleanRL's ppo.py.
 
-Order: arguments, networks, loss, then training: setup, rollout, advantage, update, logging. The engine (vector envs,
+Order: arguments, networks, the rollout loop, the advantage recurrence, the loss, then training: setup, and each
+iteration's rollout, advantages, update and logging. The engine (vector envs, the sampler that schedules the envs,
 rollout buffer, normalisation, checkpoints, monitoring) is called in a few lines each.
 
 Differences from CleanRL, each on purpose:
@@ -13,6 +14,7 @@ Differences from CleanRL, each on purpose:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -40,7 +42,7 @@ from fleetrl.nets import (
     mlp,
 )
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
-from fleetrl.sampling.sampler import Sampler, check_sampling_flags, local_async_batch
+from fleetrl.sampling.sampler import Due, Sampler, check_sampling_flags, local_async_batch
 
 
 # ============================================================================ arguments
@@ -215,6 +217,43 @@ class Agent(nn.Module):
         return (gaussian_sample(out, self.actor_logstd) if self.continuous else categorical_sample(out))[0]
 
 
+# ============================================================================ rollout
+def rollout(steps: Iterable[Due]) -> None:
+    """CleanRL's rollout loop: ``--num-steps`` times, every env acts on its observation and steps.
+
+    The sampler decides which envs are due at each turn: all of them (CleanRL's serial loop), one of two groups that
+    step while the other acts (the zero-lag split, the same batch), or the first K ready (``--async-batch``); with
+    ``--policy-lag 1`` it runs this loop in its own thread while the learner trains (docs/sampling.md). Rewards, dones,
+    the final observations' values at time limits and the episodes are stored when the envs' results arrive."""
+    for due in steps:  # envs whose next action is due, with their observations
+        action, logprob, value = due.actor.act(due.obs, due.noise)  # the acting copy of the agent samples
+        due.store(obs=due.obs, actions=action, logprobs=logprob, values=value)
+        due.send(action)  # the envs step (in the background where the backend can)
+
+
+# ============================================================================ advantage
+def gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, dones: np.ndarray, final_values: np.ndarray,
+        last_values: np.ndarray, gamma: float, gae_lambda: float, env_ids: np.ndarray | None = None) -> np.ndarray:
+    """Generalised advantage estimation over a ``(T, N)`` rollout, backwards, as CleanRL's recurrence.
+
+    The value after transition t is: 0 if the episode terminated there; the value of the final observation if it was
+    truncated there (a time limit is not the end of the task, so it bootstraps, unlike CleanRL); otherwise the value
+    of the env's next observation. The advantage trace stops at every episode end. ``env_ids``: with first-ready
+    batches row t holds the envs that arrived t-th, so each env carries its own next value and trace through the rows
+    (its last transition bootstraps from ``last_values[env]``); else column i is env i."""
+    next_value = np.array(last_values, dtype=np.float64)  # per env: the value after its latest transition seen
+    trace = np.zeros_like(next_value)  # per env: the advantage of its next transition
+    advantages = np.zeros_like(values)
+    for t in reversed(range(rewards.shape[0])):
+        env = slice(None) if env_ids is None else env_ids[t]
+        after = np.where(dones[t], final_values[t], next_value[env]) * (1.0 - terminated[t])
+        delta = rewards[t] + gamma * after - values[t]
+        trace[env] = delta + (1.0 - dones[t]) * (gamma * gae_lambda) * trace[env]
+        advantages[t] = trace[env]
+        next_value[env] = values[t]
+    return advantages
+
+
 # ============================================================================ loss
 def ppo_loss(agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist: Dist) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped surrogate objective, the (clipped) value loss and the entropy bonus on one minibatch.
@@ -292,8 +331,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         log = run.start_logging(envs, num_iterations, batch_size, notes={"precision": f"{accel.label}: {accel.reason}"})
 
         # the rollout engine: acting weights, sampling RNG, buffers; serial, split, first-ready or one update behind
-        sampler = run.closing(Sampler(envs, agent, args.num_steps, device=device, seed=run.seed, env_seed=run.env_seed, timer=log.timer,
-                                      actor_device=args.actor_device, policy_lag=args.policy_lag, async_batch=async_batch,
+        sampler = run.closing(Sampler(envs, agent, args.num_steps, rollout=rollout, device=device, seed=run.seed, env_seed=run.env_seed,
+                                      timer=log.timer, actor_device=args.actor_device, policy_lag=args.policy_lag, async_batch=async_batch,
                                       obs_norm=obs_norm, reward_norm=reward_norm, global_step=run.global_step, global_envs=args.num_envs,
                                       verbose=dist.is_main))  # closing it stops its thread and closes the envs
         run.register_per_rank(actor=sampler)  # each rank's sampling noise
@@ -305,11 +344,13 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ---------------------------------------------------------------- rollout
-            buffer = sampler.collect()  # num_steps x num_envs transitions (fleetrl/sampling/sampler.py, docs/sampling.md)
+            buffer = sampler.collect()  # rollout() above, num_steps x num_envs transitions (or the one a sampler thread ran)
 
             # ---------------------------------------------------------------- advantage
             with log.timer.learn:
-                buffer.compute_advantages(buffer.last_values, args.gamma, args.gae_lambda)
+                buffer.advantages[:] = gae(buffer.rewards, buffer.values, buffer.terminated, buffer.dones, buffer.final_values,
+                                           buffer.last_values, args.gamma, args.gae_lambda, buffer.env_ids)
+                buffer.returns[:] = buffer.advantages + buffer.values
 
             # ---------------------------------------------------------------- update
             with log.timer.learn:

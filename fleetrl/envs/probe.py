@@ -66,7 +66,8 @@ def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS)
             if terminated or truncated:
                 env.reset()
     except EnvOutputError as exc:  # a NaN or a wrong shape: the env is at fault whichever backend runs it
-        raise EnvOutputError(f"{exc} (Found while fleetrl timed the env's steps, with random actions, before training.)") from None
+        raise EnvOutputError(f"{exc} (Found while fleetrl timed the env's steps with random actions before training, to choose "
+                             f"--env-backend auto and the env workers.)") from None
     except Exception as exc:  # noqa: BLE001 - the env's own error: said in one paragraph, or measured around
         if not walls:
             raise FleetError(f"The env {env_id} raised before its first step was done, while fleetrl timed it before training: "

@@ -1,4 +1,4 @@
-"""The rollout buffer (filled by the sampler, read by the learner) and GAE with truncation bootstrapping."""
+"""The rollout buffer: filled by the sampler and the algorithm's rollout loop, read by the learner."""
 
 from __future__ import annotations
 
@@ -45,50 +45,8 @@ class RolloutBuffer:
         self.actor_state: dict = {}  # the sampling RNG after this rollout (what a checkpoint saves)
         self.norm_sums: list = []  # --policy-lag 1: this rollout's normalisation sums, merged by the learner
 
-    def compute_advantages(self, last_values: np.ndarray, gamma: float, gae_lambda: float) -> None:
-        self.advantages[:] = compute_gae(
-            self.rewards, self.values, self.terminated, self.dones, self.final_values, last_values, gamma, gae_lambda,
-            self.env_ids,
-        )
-        self.returns[:] = self.advantages + self.values
-
     def flat(self) -> dict[str, torch.Tensor]:
         """The batch as torch tensors of shape ``(num_steps * num_envs, ...)``, sharing memory."""
         n = self.num_steps * self.num_envs
         fields = ("obs", "actions", "logprobs", "values", "advantages", "returns")
         return {k: torch.from_numpy(getattr(self, k).reshape(n, *getattr(self, k).shape[2:])) for k in fields}
-
-
-def compute_gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    terminated: np.ndarray,
-    dones: np.ndarray,
-    final_values: np.ndarray,
-    last_values: np.ndarray,
-    gamma: float,
-    gae_lambda: float,
-    env_ids: np.ndarray | None = None,
-) -> np.ndarray:
-    """Generalised advantage estimation over a ``(T, N)`` rollout, computed backwards.
-
-    The value after step t is: 0 if the episode terminated there; the value of the final
-    observation if it was truncated there (a time limit is not the end of the task, so we
-    bootstrap through it, unlike CleanRL); otherwise the value of the next step's observation.
-    The advantage trace stops at every episode end, terminated or truncated.
-
-    ``env_ids`` (rows of first-ready batches, see :class:`RolloutBuffer`): each env's transitions form
-    its own trajectory in row order, and the last one bootstraps from ``last_values[env]``. The
-    backward walk then carries the next value and the advantage trace per env instead of per column.
-    """
-    next_value = np.array(last_values, dtype=np.float64)  # per env: the value after its latest transition seen
-    trace = np.zeros_like(next_value)  # per env: the advantage of its next transition
-    advantages = np.zeros_like(values)
-    for t in reversed(range(rewards.shape[0])):
-        ids = slice(None) if env_ids is None else env_ids[t]
-        after = np.where(dones[t], final_values[t], next_value[ids]) * (1.0 - terminated[t])
-        delta = rewards[t] + gamma * after - values[t]
-        trace[ids] = delta + (1.0 - dones[t]) * (gamma * gae_lambda) * trace[ids]
-        advantages[t] = trace[ids]
-        next_value[ids] = values[t]
-    return advantages

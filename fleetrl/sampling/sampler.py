@@ -12,9 +12,17 @@ Modes (docs/sampling.md has what each guarantees and how to read the timings):
 * **lagged** (``--policy-lag 1``, combines with the above): a sampler thread collects rollout k+1 with
   the weights of k while the learner trains on k, so env stepping overlaps learning.
 
-The learner sees the same three calls in every mode::
+The algorithm writes the rollout loop itself, CleanRL's shape, as a function of the envs whose next action is due
+(``Due``); the sampler decides which envs those are, steps them, and runs the function in the mode's thread::
 
-    rollout = sampler.collect()        # a filled RolloutBuffer (rollout.episodes, rollout.global_step, ...)
+    def rollout(steps):
+        for due in steps:                                             # num_steps times every env: in turn, in two
+            action, logprob, value = due.actor.act(due.obs, due.noise)  # groups, or the first K ready
+            due.store(obs=due.obs, actions=action, logprobs=logprob, values=value)
+            due.send(action)                                          # the envs step; rewards and dones are stored
+
+    sampler = Sampler(envs, agent, num_steps, rollout=rollout, ...)
+    buffer = sampler.collect()         # a filled RolloutBuffer (buffer.episodes, buffer.global_step, ...)
     ...                                # advantages and the update
     sampler.weights_updated()          # after the optimiser steps: the acting weights are refreshed
 """
@@ -26,6 +34,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -53,6 +62,49 @@ class _Stopped(Exception):
     """Raised inside the sampler thread when the trainer closes the sampler."""
 
 
+class TimedActor:
+    """The acting copy of the agent, as the rollout loop calls it: ``act(obs, noise)`` and ``value(obs)``, timed as
+    inference (fleetrl/sampling/acting.py holds the torch and numpy implementations)."""
+
+    def __init__(self, actor: Any, timer: PhaseTimer):
+        self._actor, self._timer = actor, timer
+
+    def act(self, obs: np.ndarray, noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions sampled with ``noise``, their log-probabilities and the values of ``obs``."""
+        with self._timer.inference:
+            return self._actor.act(obs, noise)
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        with self._timer.inference:
+            return self._actor.value(obs)
+
+
+class Due:
+    """Envs whose next action is due, as the rollout loop sees them: their ids, observations (normalised where
+    normalisation is on), the sampling noise drawn for them, and whether each observation starts an episode."""
+
+    __slots__ = ("env_ids", "obs", "noise", "starts", "actor", "_sampler", "_buffer", "_slot", "_sent")
+
+    def __init__(self, sampler: "Sampler", env_ids: np.ndarray, obs: np.ndarray, noise: np.ndarray, buffer: RolloutBuffer,
+                 slot: tuple):
+        self.env_ids, self.obs, self.noise, self.actor = env_ids, obs, noise, sampler.timed_actor
+        self.starts = sampler._episode_start[env_ids]
+        self._sampler, self._buffer, self._slot, self._sent = sampler, buffer, slot, False
+
+    def store(self, **values: np.ndarray) -> None:
+        """Store these envs' transitions' fields (``obs``, ``actions``, ``logprobs``, ``values``)."""
+        for name, value in values.items():
+            getattr(self._buffer, name)[self._slot] = value
+        if self._buffer is self._sampler._pending:  # first-ready: acted now, moved into its row when the env returns
+            self._sampler._pending_version[self.env_ids] = self._sampler.acting_version
+
+    def send(self, actions: np.ndarray) -> None:
+        """Step these envs with ``actions`` (clipped to a Box's bounds); their results complete the transitions."""
+        clip = self._sampler._clip
+        self._sampler._send(actions if clip is None else np.clip(actions, *clip), self.env_ids)
+        self._sent = True
+
+
 class Sampler:
     """Owns the vector envs, the acting copy of the weights, the rollout buffers and the sampling RNG.
 
@@ -70,6 +122,7 @@ class Sampler:
         agent: nn.Module,
         num_steps: int,
         *,
+        rollout: Callable[[Iterable[Due]], None],
         device: torch.device,
         seed: int,
         env_seed: int | None,
@@ -86,7 +139,7 @@ class Sampler:
         verbose: bool = False,
     ):
         check_sampling_flags(envs.num_envs, async_batch, policy_lag, actor_device)
-        self.envs, self.agent, self.timer = envs, agent, timer
+        self.envs, self.agent, self.timer, self.rollout = envs, agent, timer, rollout
         self.num_envs, self.num_steps = envs.num_envs, num_steps
         self.lagged = policy_lag == 1
         self.obs_norm, self.reward_norm = obs_norm, reward_norm
@@ -108,6 +161,7 @@ class Sampler:
         same = self.actor_device == device and not self.lagged
         self.acting_agent = agent if same else copy.deepcopy(agent).to(self.actor_device)
         self.actor = make_actor(self.acting_agent, self.actor_device, seed=seed)
+        self.timed_actor = TimedActor(self.actor, timer)
         self.version = 0  # learner updates published so far (weights_updated calls)
         self.acting_version = 0  # the version the acting weights hold
         self._lag = 0
@@ -127,9 +181,11 @@ class Sampler:
         self._pending = RolloutBuffer(1, self.num_envs, obs_space.shape, obs_dtype, act_space.shape, act_space.dtype)
         self._pending_version = np.zeros(self.num_envs)  # the weights' version that acted on each pending transition
         self._next_obs = np.zeros((self.num_envs, *obs_space.shape), obs_dtype)
+        self._episode_start = np.ones(self.num_envs, bool)  # per env: its next observation begins an episode
         self._clip = (act_space.low, act_space.high) if isinstance(act_space, gym.spaces.Box) else None
         self._to_step: np.ndarray | None = None
         self._started = False
+        self._in_flight = False  # first-ready: every env has been sent an action (they stay in flight)
         self._current: RolloutBuffer | None = None  # the rollout the learner holds
 
         # --policy-lag 1: the sampler thread and its queues (started by the first collect)
@@ -263,7 +319,7 @@ class Sampler:
 
     # ---------------------------------------------------------------- filling a rollout
     def _start(self) -> None:
-        """Reset the envs once; first-ready sampling then keeps every env in flight."""
+        """Reset the envs once; first-ready sampling then keeps every env in flight across rollouts."""
         if self._started:
             return
         self._started = True
@@ -271,19 +327,16 @@ class Sampler:
         if self.obs_norm is not None:
             obs = self.obs_norm(obs)
         self._next_obs[:] = obs
-        if self.mode == "first-ready":
-            everyone = np.arange(self.num_envs)
-            self._send(self._act(everyone, obs, self._noise(self.num_envs)), everyone)
 
     def _fill(self, b: RolloutBuffer) -> RolloutBuffer:
+        """Run the algorithm's rollout loop over the envs as this mode schedules them, filling ``b``."""
         self.acting_agent.eval()
         b.episodes, b.policy_version = [], self.acting_version
         start = self._step
-        if self.mode == "first-ready":
-            self._fill_first_ready(b, start)
-        else:
-            self._fill_in_turns(b, start)
-            b.acting_version = float(self.acting_version)
+        steps = self._due_first_ready(b, start) if self.mode == "first-ready" else self._due_in_turns(b, start)
+        self.rollout(steps)
+        if next(steps, None) is not None:
+            raise FleetError("The rollout loop stopped before the rollout was full: it must take every group of envs it is given.")
         self._step = start + self.num_steps * self._global_envs
         b.global_step = self._step
         b.actor_state = self.actor.state_dict()
@@ -291,56 +344,58 @@ class Sampler:
             b.norm_sums = [norm.take_pending() if norm is not None else None for norm in (self.obs_norm, self.reward_norm)]
         return b
 
-    def _fill_in_turns(self, b: RolloutBuffer, start: int) -> None:
+    def _due(self, env_ids: np.ndarray, obs: np.ndarray, noise: np.ndarray, buffer: RolloutBuffer, slot: tuple) -> Iterator[Due]:
+        """Hand the rollout loop one group of envs; it must have sent them their actions when it asks for the next."""
+        due = Due(self, env_ids, obs, noise, buffer, slot)
+        yield due
+        if not due._sent:
+            raise FleetError("The rollout loop took envs whose action was due and did not call due.send(actions): every env "
+                             "it is given must be stepped before the next are due.")
+
+    def _due_in_turns(self, b: RolloutBuffer, start: int) -> Iterator[Due]:
         """Serial (one group) or split (two): row t is step t and every env steps ``num_steps`` times.
 
         The noise of a step is drawn once for all envs, and each group acts with its slice of it, so
         the split gives the serial loop's actions. While one group steps, the other acts.
         """
+        ids = [np.arange(g.start, g.stop) for g in self.groups]
         noise = self._noise(self.num_envs)
-        for g in self.groups:
-            self._send(self._act(g, self._next_obs[g], noise[g], into=(b, (0, g))), g)
+        for g, env_ids in zip(self.groups, ids):
+            yield from self._due(env_ids, self._next_obs[g], noise[g], b, (0, g))
         for t in range(self.num_steps):
             noise = self._noise(self.num_envs) if t + 1 < self.num_steps else None
             tag = start + (t + 1) * self._global_envs  # the global step at the end of step t, as CleanRL counts
-            for g in self.groups:
-                obs = self._complete(b, (t, g), g, self._recv(g), tag)
+            for g, env_ids in zip(self.groups, ids):
+                obs = self._complete(b, (t, g), env_ids, self._recv(env_ids), tag)
                 if noise is not None:
-                    self._send(self._act(g, obs, noise[g], into=(b, (t + 1, g))), g)
+                    yield from self._due(env_ids, obs, noise[g], b, (t + 1, g))
                 else:
                     self._next_obs[g] = obs
-        with self.timer.inference:
-            b.last_values[:] = self.actor.value(self._next_obs)
+        b.last_values[:] = self.timed_actor.value(self._next_obs)
+        b.acting_version = float(self.acting_version)
 
-    def _fill_first_ready(self, b: RolloutBuffer, start: int) -> None:
+    def _due_first_ready(self, b: RolloutBuffer, start: int) -> Iterator[Due]:
         """Row r is the r-th batch that arrived. Every env stays in flight across rollouts: an env's last
         transition here bootstraps from the value of its next observation, already acted on, and that
         action's transition opens the env's trajectory in the next rollout."""
+        if not self._in_flight:  # the first rollout: every env acts once before any can arrive
+            self._in_flight = True
+            everyone = np.arange(self.num_envs)
+            yield from self._due(everyone, self._next_obs, self._noise(self.num_envs), self._pending, (0, everyone))
         acted = 0.0  # the versions that acted on this rollout's transitions, summed
         for r in range(b.num_steps):
-            *result, ids = self._recv(None)
+            *result, env_ids = self._recv(None)
             tag = start + ((r + 1) * self.async_batch * self._global_envs) // self.num_envs
-            acted += float(self._pending_version[ids].sum())
-            obs = self._complete(b, (r, slice(None)), ids, result, tag, pending=True)
-            b.env_ids[r] = ids
-            self._send(self._act(ids, obs, self._noise(len(ids))), ids)
+            acted += float(self._pending_version[env_ids].sum())
+            obs = self._complete(b, (r, slice(None)), env_ids, result, tag, pending=True)
+            b.env_ids[r] = env_ids
+            yield from self._due(env_ids, obs, self._noise(len(env_ids)), self._pending, (0, env_ids))
         b.last_values[:] = self._pending.values[0]
         b.acting_version = acted / (b.num_steps * b.num_envs)
 
     def _noise(self, n: int) -> np.ndarray:
         with self.timer.inference:
             return self.actor.noise(n)
-
-    def _act(self, ids: Any, obs: np.ndarray, noise: np.ndarray, into: tuple | None = None) -> np.ndarray:
-        """Act on envs ``ids``; returns the actions to send. The transitions go to ``into`` = (buffer, slot)
-        when their row is known now (one row a step), else they wait as the envs' pending transitions."""
-        buffer, slot = into if into is not None else (self._pending, (0, ids))
-        if into is None:
-            self._pending_version[ids] = self.acting_version
-        with self.timer.inference:
-            action, logprob, value = self.actor.act(obs, noise)
-            buffer.obs[slot], buffer.actions[slot], buffer.logprobs[slot], buffer.values[slot] = obs, action, logprob, value
-        return action if self._clip is None else np.clip(action, *self._clip)
 
     def _complete(self, b: RolloutBuffer, slot: tuple, ids: Any, result: tuple, tag: int, pending: bool = False) -> np.ndarray:
         """Complete envs ``ids``' transitions at ``slot`` with their step result (moving them there from the
@@ -351,10 +406,11 @@ class Sampler:
             reward = self.reward_norm(reward, done, ids)
         if self.obs_norm is not None:
             obs = self.obs_norm(obs)
-        if pending:
-            p = self._pending
-            b.obs[slot], b.actions[slot], b.logprobs[slot], b.values[slot] = p.obs[0, ids], p.actions[0, ids], p.logprobs[0, ids], p.values[0, ids]
+        if pending:  # the transitions acted on when these envs were last sent, now in their row
+            for name in ("obs", "actions", "logprobs", "values"):
+                getattr(b, name)[slot] = getattr(self._pending, name)[0, ids]
         b.rewards[slot], b.terminated[slot], b.dones[slot] = reward, terminated, done
+        self._episode_start[ids] = done
         final_values = np.zeros(len(done), np.float32)
         if truncated.any():  # bootstrap a time limit from the value of the final observation
             final_obs = info["final_obs"][truncated]
@@ -366,20 +422,20 @@ class Sampler:
         b.episodes += [(tag, r, l) for r, l in episode_stats(info)]
         return obs
 
-    def _send(self, actions: np.ndarray, ids: Any) -> None:
+    def _send(self, actions: np.ndarray, ids: np.ndarray) -> None:
         if self.mode == "serial":
             self._to_step = actions  # stepped by the next _recv
             return
         with self.timer.env:
-            self.envs.send(actions, np.arange(ids.start, ids.stop) if isinstance(ids, slice) else ids)
+            self.envs.send(actions, ids)
 
-    def _recv(self, ids: slice | None) -> tuple:
+    def _recv(self, ids: np.ndarray | None) -> tuple:
         if self._stopping:
             raise _Stopped
         with self.timer.env:
             if self.mode == "serial":
                 return self.envs.step(self._to_step)
-            return self.envs.recv(None if ids is None else np.arange(ids.start, ids.stop))
+            return self.envs.recv(ids)
 
     # ---------------------------------------------------------------- --policy-lag 1
     def _run(self) -> None:
