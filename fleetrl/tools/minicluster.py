@@ -38,6 +38,7 @@ import psutil
 import tyro
 
 from fleetrl.errors import FleetError
+from fleetrl.tools import slurm_jobs
 
 TAGS = range(1, 255)  # a cluster's tag K tells concurrent ones apart: subnet 10.77.K.0/24, controller .1, node i .(10+i)
 REGISTRY = Path("/run/fleetrl-minicluster")  # tag -> cluster folder and owner; tmpfs, gone at reboot with the namespaces
@@ -48,11 +49,10 @@ REQUEUE_DELAY_S = 5  # cred_expire: how long a requeued job waits before it may 
 KILL_WAIT_S = 30  # Slurm's KillWait: from SIGTERM to SIGKILL when a job is cancelled or requeued (Slurm's default)
 TOOLS = {"munged": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm", "scontrol": "slurm-wlm",
          "sinfo": "slurm-wlm", "ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux"}
-FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
 class MiniClusterError(FleetError):
-    """The cluster cannot start, or a job did not reach the state waited for; the message names the fix or the logs."""
+    """The cluster cannot start (or is not there); the message names the fix, or carries the daemons' logs."""
 
 
 @dataclass
@@ -111,48 +111,28 @@ class MiniCluster:
         kwargs.setdefault("env", self.env())
         return subprocess.run(self.on_node(name, argv, kwargs.pop("cwd", None)), capture_output=True, text=True, timeout=timeout, **kwargs)
 
+    # ---- Slurm's commands against this cluster (fleetrl/tools/slurm_jobs.py, with SLURM_CONF set)
     def slurm(self, *argv: str, timeout: float = 30, check: bool = True) -> str:
         """Run one of Slurm's commands (``squeue``, ``scontrol``, ...) against this cluster; its stdout."""
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env())
-        if check and proc.returncode != 0:
-            raise MiniClusterError(f"`{' '.join(argv)}` failed (exit code {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
-        return proc.stdout
+        return slurm_jobs.command(*argv, env=self.env(), timeout=timeout, check=check)
 
     def submit(self, script: str | os.PathLike, *args: str, sbatch: Sequence[str] = (), cwd: str | os.PathLike | None = None,
                env: dict[str, str] | None = None) -> str:
-        """``sbatch --parsable [sbatch] script [args]``; returns the job id."""
-        proc = subprocess.run(["sbatch", "--parsable", *sbatch, str(script), *args], capture_output=True, text=True, timeout=30,
-                              cwd=cwd, env=self.env(env))
-        if proc.returncode != 0:
-            raise MiniClusterError(f"sbatch {script} was refused (exit code {proc.returncode}): {proc.stderr.strip()}")
-        return proc.stdout.strip().split(";")[0]
+        """``sbatch --parsable [sbatch] script [args]`` with ``env`` (default: this process's); returns the job id."""
+        return slurm_jobs.submit(script, *args, sbatch=sbatch, cwd=cwd, env=self.env(env))
 
     def job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job`` as a dict (``JobState``, ``ExitCode``, ``Restarts``, ``NodeList``, ``StdOut``, ...).
-        Finished jobs stay visible for MinJobAge (600 s); accounting is off, so ``sacct`` knows nothing."""
-        text = self.slurm("scontrol", "show", "job", "--oneliner", str(job_id))
-        return dict(re.findall(r"(\w+(?::\w+)?)=(\S*)", text))
+        Finished jobs stay visible for 600 s (MinJobAge); accounting is off, so ``sacct`` knows nothing."""
+        return slurm_jobs.job(job_id, self.env())
 
-    def wait_for_job(self, job_id: str, states: Sequence[str] = tuple(FINISHED), timeout: float = 300,
+    def wait_for_job(self, job_id: str, states: Sequence[str] = slurm_jobs.FINISHED, timeout: float = 300,
                      until: Callable[[dict[str, str]], bool] | None = None) -> dict[str, str]:
         """Poll the job until its ``JobState`` is one of ``states`` (default: any finished state) and ``until(job)``,
-        if given, holds; returns ``scontrol show job``'s fields. After ``timeout`` s: an error with its state and output."""
-        deadline = time.monotonic() + timeout
-        while True:
-            info = self.job(job_id)
-            if info.get("JobState") in states and (until is None or until(info)):
-                return info
-            if time.monotonic() > deadline:
-                raise MiniClusterError(f"Job {job_id} did not reach {'/'.join(states)} within {timeout:g} s: it is "
-                                       f"{info.get('JobState')} ({info.get('Reason')}). Its output:\n{self.job_output(info)}")
-            time.sleep(0.25)
+        if given, holds; returns its ``scontrol show job`` fields (:func:`fleetrl.tools.slurm_jobs.wait_for_job`)."""
+        return slurm_jobs.wait_for_job(job_id, states, timeout, until, self.env())
 
-    def job_output(self, info: dict[str, str], tail: int = 4000) -> str:
-        path = info.get("StdOut", "")
-        try:
-            return Path(path).read_text(errors="replace")[-tail:]
-        except OSError:
-            return f"(no output file at {path!r})"
+    job_output = staticmethod(slurm_jobs.job_output)
 
     def log_tails(self, lines: int = 15) -> str:
         out = []
