@@ -234,3 +234,9 @@ def test_usr1_and_scontrol_requeue_each_checkpoint_and_the_requeued_job_resumes_
     assert "USR1: the run writes a checkpoint" in text and "SIGTERM: the run writes a checkpoint" in text
     assert_trained_once_to(run_dir, iterations)
 
+
+def test_the_docs_give_the_script_the_tests_run():
+    docs = (REPO / "docs" / "distributed.md").read_text()
+    block = re.search(r"```bash\n(#!/bin/bash\n# fleetrl data-parallel training on Slurm.*?)```", docs, re.S)
+    assert block, "docs/distributed.md shows docs/slurm/train.sbatch"
+    assert block.group(1) == TRAIN_SCRIPT.read_text(), "docs/distributed.md shows docs/slurm/train.sbatch as it is"
