@@ -30,13 +30,23 @@ BATCH = 4 * 128  # classic control's default batch: 4 envs (2 a rank) x 128 step
 TRAIN = ["ppo", "--env-id", "fleetrl_test_envs:Stateless-v0", "--env-backend", "sync", "--precision", "fp32", "--no-cuda", "--torch-threads", "1"]
 
 
-def submit_training(cluster: minicluster.MiniCluster, tmp_path: Path, iterations: int, *extra: str) -> tuple[str, Path]:
-    """docs/slurm/train.sbatch on two nodes, training ``iterations`` iterations into ``tmp_path/run``; (job id, run dir)."""
-    run_dir = tmp_path / "run"
-    env = {**fleetrl_env(), "FLEETRL_PYTHON": sys.executable}
-    job = cluster.submit(TRAIN_SCRIPT, *TRAIN, "--total-timesteps", str(iterations * BATCH), "--run-dir", str(run_dir), *extra,
-                         cwd=tmp_path, env=env)
-    return job, run_dir
+@pytest.fixture
+def submit_training(slurm_cluster, tmp_path):
+    """``submit_training(iterations, *flags)``: docs/slurm/train.sbatch on two nodes, training ``iterations`` iterations
+    into ``tmp_path/run``; returns (job id, run dir). Each job it submitted is killed as the test ends, however it
+    ends: a failed test leaves no job holding the nodes for the next."""
+    jobs = []
+
+    def submit(iterations: int, *extra: str) -> tuple[str, Path]:
+        run_dir = tmp_path / "run"
+        env = {**fleetrl_env(), "FLEETRL_PYTHON": sys.executable}
+        jobs.append(slurm_cluster.submit(TRAIN_SCRIPT, *TRAIN, "--total-timesteps", str(iterations * BATCH), "--run-dir", str(run_dir),
+                                         *extra, cwd=tmp_path, env=env))
+        return jobs[-1], run_dir
+
+    yield submit
+    for job in jobs:
+        slurm_cluster.slurm("scancel", "--signal=KILL", job, check=False)  # a finished job: Slurm only says so
 
 
 def output(cluster: minicluster.MiniCluster, job: str) -> str:
@@ -157,9 +167,10 @@ def test_up_refuses_in_one_paragraph_without_root_or_without_slurm():
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_two_node_job_trains_to_its_total_and_ends_bit_identical_to_two_processes_on_one_node(slurm_cluster, tmp_path):
+def test_a_two_node_job_trains_to_its_total_and_ends_bit_identical_to_two_processes_on_one_node(slurm_cluster, submit_training,
+                                                                                               tmp_path):
     iterations = 6
-    job, run_dir = submit_training(slurm_cluster, tmp_path, iterations, "--torch-deterministic")
+    job, run_dir = submit_training(iterations, "--torch-deterministic")
     info = slurm_cluster.wait_for_job(job, timeout=180)
     text = output(slurm_cluster, job)
     assert info["JobState"] == "COMPLETED", text
@@ -178,9 +189,9 @@ def test_a_two_node_job_trains_to_its_total_and_ends_bit_identical_to_two_proces
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_killed_node_ends_the_job_with_fleetrls_message_and_a_requeue_resumes_it_to_its_total(slurm_cluster, tmp_path):
+def test_a_killed_node_ends_the_job_with_fleetrls_message_and_a_requeue_resumes_it_to_its_total(slurm_cluster, submit_training):
     iterations = 24  # the kill comes right after the first checkpoint (iteration 4), well before the end
-    job, run_dir = submit_training(slurm_cluster, tmp_path, iterations, "--checkpoint-every", "4")
+    job, run_dir = submit_training(iterations, "--checkpoint-every", "4")
     wait_for_checkpoint_after(slurm_cluster, job, run_dir, 0)
     victims = training_processes(slurm_cluster, "node2")
     assert victims, "node2 runs a torchrun launcher and its rank"
@@ -208,11 +219,11 @@ def test_a_killed_node_ends_the_job_with_fleetrls_message_and_a_requeue_resumes_
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_usr1_and_scontrol_requeue_each_checkpoint_and_the_requeued_job_resumes_to_its_total_without_repeating_a_step(
-        slurm_cluster, tmp_path):
+        slurm_cluster, submit_training):
     # the two ways a job is stopped for later: USR1 to the batch script (what --signal=B:USR1@120 sends before the time
     # limit), which requeues the job itself; and scontrol requeue (or a preemption), which sends SIGTERM to everything
     iterations = 40  # each stop comes right after a checkpoint (every 4 iterations): the second by iteration ~16
-    job, run_dir = submit_training(slurm_cluster, tmp_path, iterations, "--checkpoint-every", "4")
+    job, run_dir = submit_training(iterations, "--checkpoint-every", "4")
     stops = []
 
     def stopped_at(info: dict[str, str]) -> list[int]:
