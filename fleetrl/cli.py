@@ -27,6 +27,7 @@ commands:
   plot PATHS -o FILE   learning curves (mean ± std over seeds, a panel per env) of the runs under PATHS; `fleetrl plot --help`
   compare DIR DIR ...  configurations side by side: IQM etc. with bootstrap intervals, probability of improvement, figures; `fleetrl compare --help`
   preflight            check CPU cores, GPU and driver, env throughput before a long run; `fleetrl preflight --help`
+  minicluster up|down  a throwaway 2-node Slurm cluster on this machine (root); `fleetrl minicluster --help`
 """
 
 
@@ -86,7 +87,16 @@ def _preflight(argv: list[str]) -> None:
     preflight(tyro.cli(PreflightArgs, args=argv, prog="fleetrl preflight"))
 
 
-COMMANDS = {"train": _train, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "compare": _compare, "preflight": _preflight}
+def _minicluster(argv: list[str]) -> None:
+    from fleetrl.tools.benchmark import split_command
+    from fleetrl.tools.minicluster import MiniClusterArgs, main
+
+    flags, command = split_command(argv)
+    main(tyro.cli(MiniClusterArgs, args=flags, prog="fleetrl minicluster"), command)
+
+
+COMMANDS = {"train": _train, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "compare": _compare,
+            "preflight": _preflight, "minicluster": _minicluster}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -126,3 +126,47 @@ def python_in_a_clone_named_fleetrl(tmp_path: Path) -> str:
     if not venv.exists():
         venv.symlink_to(sys.prefix, target_is_directory=True)
     return str(venv / Path(sys.executable).relative_to(sys.prefix))
+
+
+def assert_same_learner(a: dict, b: dict) -> None:
+    """Two checkpoints hold the same learner, bit for bit: step, model tensors and Adam's state."""
+    import torch
+
+    assert a["global_step"] == b["global_step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), f"model tensor {key} differs"
+    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
+        for name in va:
+            assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"optimizer state {ka}.{name} differs"
+
+
+import pytest  # noqa: E402
+
+
+def require_slurm() -> None:
+    """Skip the test where a mini Slurm cluster cannot run (not root, Slurm or munge not installed), naming why; under
+    CI=true fail instead: CI installs them (.ci/run), so a skip there would hide a broken setup."""
+    from fleetrl.tools import minicluster
+
+    try:
+        minicluster.check_prerequisites()
+    except minicluster.MiniClusterError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true, so the Slurm tests must run, but: {exc}", pytrace=False)
+        pytest.skip(f"no Slurm cluster here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A throwaway 2-node Slurm cluster (fleetrl/tools/minicluster.py), shared by the tests that ask for it and removed
+    at the end of the session, however it ends. ``cluster.env()`` sets SLURM_CONF for Slurm's commands;
+    ``cluster.submit``, ``cluster.wait_for_job`` and ``cluster.job`` submit and follow jobs; ``cluster.on_node`` and
+    ``cluster.run_on`` run a command on a node; ``node.address`` is each node's address on the bridge.
+
+    Where it cannot run (not root, Slurm not installed) the tests skip with the reason, except under CI=true, where
+    that is a failure: CI installs Slurm (.ci/run)."""
+    from fleetrl.tools import minicluster
+
+    require_slurm()
+    with minicluster.running(owner_pid=os.getpid()) as cluster:  # a killed test run's cluster is removed by the next start
+        yield cluster

@@ -22,7 +22,7 @@ from fleetrl import checkpoint
 from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, start_fleetrl
+from conftest import assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, start_fleetrl
 
 STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync"]
 BATCH = 4 * 128  # classic control's default batch
@@ -125,15 +125,6 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180, what: str 
 
 def final_state(run_dir) -> dict:
     return checkpoint.load_checkpoint(run_dir)
-
-
-def assert_same_learner(a: dict, b: dict) -> None:
-    assert a["global_step"] == b["global_step"]
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), f"model tensor {key} differs"
-    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
-        for name in va:
-            assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"optimizer state {ka}.{name} differs"
 
 
 def torchrun_cmd(nproc: int, python: str = sys.executable) -> list[str]:

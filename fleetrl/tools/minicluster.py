@@ -1,0 +1,594 @@
+"""`fleetrl minicluster up|status|exec|down`: a throwaway Slurm cluster on this machine, for the tests and for trying
+fleetrl's Slurm scripts; each node is a host of its own (network, hostname and /etc/hosts), on a bridge.
+
+    sudo fleetrl minicluster up               # munged, slurmctld, two slurmd; prints the SLURM_CONF to export
+    export SLURM_CONF=/tmp/fleetrl-minicluster/etc/slurm.conf
+    sbatch --nodes=2 ...; squeue; scontrol show job JOBID
+    sudo fleetrl minicluster exec node2 -- hostname -I
+    sudo fleetrl minicluster down             # stops everything and removes namespaces, links and files
+
+How: one bridge in this (the controller's) network namespace, holding the controller's address, and per node a
+network namespace joined to it by a veth pair. Each ``slurmd`` runs in its node's network namespace plus a UTS and a
+mount namespace of its own, with the node's hostname and an ``/etc/hosts`` naming every node, so jobs, ``srun`` and
+torchrun on a node see a separate host. Each node gets its own share of the CPUs (the others are ``CpuSpecList``, held
+back from its jobs), so Slurm's CPU binding puts node1's tasks and node2's tasks on different cores. Needs root, and
+Debian's ``slurm-wlm`` and ``munge`` (Slurm 22.05).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Callable, Iterator, Literal, Sequence
+
+import psutil
+import tyro
+
+from fleetrl.errors import FleetError
+from fleetrl.tools import slurm_jobs
+
+TAGS = range(1, 255)  # a cluster's tag K tells concurrent ones apart: subnet 10.77.K.0/24, controller .1, node i .(10+i)
+REGISTRY = Path("/run/fleetrl-minicluster")  # tag -> cluster folder and owner; tmpfs, gone at reboot with the namespaces
+DEFAULT_DIR = Path(tempfile.gettempdir()) / "fleetrl-minicluster"  # the CLI's cluster, found again by status/exec/down
+START_TIMEOUT_S = 60.0  # the daemons start in well under 1 s here; a start this slow is reported with the logs
+STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
+REQUEUE_DELAY_S = 5  # cred_expire: how long a requeued job waits before it may start again (Slurm: 120 s by default, 5 at least)
+KILL_WAIT_S = 30  # Slurm's KillWait: from SIGTERM to SIGKILL when a job is cancelled or requeued (Slurm's default)
+TOOLS = {"munged": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm", "scontrol": "slurm-wlm",
+         "sinfo": "slurm-wlm", "ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux"}
+
+
+class MiniClusterError(FleetError):
+    """The cluster cannot start (or is not there); the message names the fix, or carries the daemons' logs."""
+
+
+@dataclass
+class Node:
+    name: str  # Slurm's NodeName, and the hostname inside the node
+    address: str  # on the bridge
+    netns: str  # `ip netns` name
+    veth: str  # the bridge's end of the node's veth pair
+    cpus: str  # the Slurm CPU ids this node's jobs get (the others are CpuSpecList)
+    pid: int | None = None  # its slurmd, whose namespaces `exec` joins
+
+
+@dataclass
+class MiniCluster:
+    """A running cluster: what it made and where. ``env()`` (``SLURM_CONF``) points Slurm's commands at it."""
+
+    root: str  # the cluster's folder: etc/slurm.conf, the munge key, state, spool and logs
+    tag: int
+    bridge: str
+    controller: str  # the controller's hostname (this machine's) and its address on the bridge
+    controller_address: str
+    ctld_port: int
+    nodes: list[Node]
+    pids: dict[str, int] = field(default_factory=dict)  # munged, slurmctld
+    owner_pid: int | None = None  # a cluster whose owner is gone is removed by the next `up` (a killed test run)
+    started_in_s: float = 0.0
+
+    # ---- where things are
+    @property
+    def conf(self) -> Path:
+        return Path(self.root) / "etc" / "slurm.conf"
+
+    @property
+    def logs(self) -> Path:
+        return Path(self.root) / "log"
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with ``SLURM_CONF`` set to this cluster's."""
+        return {**(os.environ if base is None else base), "SLURM_CONF": str(self.conf)}
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise MiniClusterError(f"This cluster has no node {name!r}; its nodes are {', '.join(n.name for n in self.nodes)}.")
+
+    # ---- running things
+    def on_node(self, name: str, argv: Sequence[str], cwd: str | os.PathLike | None = None) -> list[str]:
+        """The command line that runs ``argv`` on node ``name``, as a job there would: in its slurmd's network, UTS
+        (hostname) and mount (``/etc/hosts``) namespaces, in ``cwd`` (default: this process's)."""
+        node = self.node(name)
+        return ["nsenter", f"--target={node.pid}", "--net", "--uts", "--mount", f"--wd={cwd or os.getcwd()}", "--", *argv]
+
+    def run_on(self, name: str, argv: Sequence[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+        """Run ``argv`` on node ``name`` (see :meth:`on_node`) and return its result (text, output captured)."""
+        kwargs.setdefault("env", self.env())
+        return subprocess.run(self.on_node(name, argv, kwargs.pop("cwd", None)), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+    # ---- Slurm's commands against this cluster (fleetrl/tools/slurm_jobs.py, with SLURM_CONF set)
+    def slurm(self, *argv: str, timeout: float = 30, check: bool = True) -> str:
+        """Run one of Slurm's commands (``squeue``, ``scontrol``, ...) against this cluster; its stdout."""
+        return slurm_jobs.command(*argv, env=self.env(), timeout=timeout, check=check)
+
+    def submit(self, script: str | os.PathLike, *args: str, sbatch: Sequence[str] = (), cwd: str | os.PathLike | None = None,
+               env: dict[str, str] | None = None) -> str:
+        """``sbatch --parsable [sbatch] script [args]`` with ``env`` (default: this process's); returns the job id."""
+        return slurm_jobs.submit(script, *args, sbatch=sbatch, cwd=cwd, env=self.env(env))
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` as a dict (``JobState``, ``ExitCode``, ``Restarts``, ``NodeList``, ``StdOut``, ...).
+        Finished jobs stay visible for 600 s (MinJobAge); accounting is off, so ``sacct`` knows nothing."""
+        return slurm_jobs.job(job_id, self.env())
+
+    def wait_for_job(self, job_id: str, states: Sequence[str] = slurm_jobs.FINISHED, timeout: float = 300,
+                     until: Callable[[dict[str, str]], bool] | None = None) -> dict[str, str]:
+        """Poll the job until its ``JobState`` is one of ``states`` (default: any finished state) and ``until(job)``,
+        if given, holds; returns its ``scontrol show job`` fields (:func:`fleetrl.tools.slurm_jobs.wait_for_job`)."""
+        return slurm_jobs.wait_for_job(job_id, states, timeout, until, self.env())
+
+    job_output = staticmethod(slurm_jobs.job_output)
+
+    def log_tails(self, lines: int = 15) -> str:
+        out = []
+        for log in sorted(self.logs.glob("*")):  # *.log: the daemons' logs; *.out: what they printed before opening them
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            if tail:
+                out.append(f"--- {log}\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    # ---- persistence (the CLI's `up` and `down` are separate processes)
+    def save(self) -> None:
+        path = Path(self.root) / "cluster.json"
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, root: str | os.PathLike) -> "MiniCluster":
+        data = json.loads((Path(root) / "cluster.json").read_text())
+        data["nodes"] = [Node(**n) for n in data["nodes"]]
+        return cls(**data)
+
+
+# ---- checks -------------------------------------------------------------------------------------------------------
+
+
+def check_prerequisites() -> None:
+    """Refuse, naming the fix, where the cluster cannot run: not root, or Slurm, munge or iproute2 missing."""
+    if not sys.platform.startswith("linux"):
+        raise MiniClusterError("The mini Slurm cluster needs Linux (network namespaces); this is " + sys.platform + ".")
+    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
+    if missing:
+        raise MiniClusterError(f"The mini Slurm cluster needs the Debian/Ubuntu packages {', '.join(missing)}, which are not installed "
+                               f"(no {', '.join(t for t, p in TOOLS.items() if p in missing)} on PATH). Install them with: "
+                               f"sudo apt-get install {' '.join(missing)}")
+    if os.geteuid() != 0:
+        raise MiniClusterError("The mini Slurm cluster must run as root: it creates network namespaces, a bridge and veth links, and "
+                               "starts slurmd, which runs jobs as their users. Run it with sudo (e.g. sudo fleetrl minicluster up), "
+                               "or in a throwaway VM or container that has CAP_SYS_ADMIN and CAP_NET_ADMIN.")
+
+
+def _hardware() -> dict[str, int]:
+    """This machine as ``slurmd -C`` sees it: CPUs, Boards, SocketsPerBoard, CoresPerSocket, ThreadsPerCore, RealMemory."""
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout
+    found = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", out)}
+    if "CPUs" not in found:
+        raise MiniClusterError(f"`slurmd -C` did not describe this machine's CPUs: {out.strip() or '(no output)'}")
+    return found
+
+
+def split_cpus(hw: dict[str, int], nodes: int) -> list[tuple[str, str]]:
+    """For each node, (its CPU ids, the others as its CpuSpecList), in whole cores. With fewer cores than nodes every
+    node gets every CPU (and jobs on different nodes share cores)."""
+    threads = hw.get("ThreadsPerCore", 1)
+    cores = hw["CPUs"] // threads
+    every = f"0-{hw['CPUs'] - 1}"
+    if cores < nodes:
+        return [(every, "")] * nodes
+    per_node = cores // nodes
+    shares = []
+    for i in range(nodes):
+        mine = set(range(i * per_node * threads, (i + 1) * per_node * threads))
+        others = [c for c in range(hw["CPUs"]) if c not in mine]
+        shares.append((_ranges(sorted(mine)), _ranges(others)))
+    return shares
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (Slurm's list syntax)."""
+    parts, start = [], None
+    for i, cpu in enumerate(ids):
+        if start is None:
+            start = cpu
+        if i + 1 == len(ids) or ids[i + 1] != cpu + 1:
+            parts.append(str(start) if start == cpu else f"{start}-{cpu}")
+            start = None
+    return ",".join(parts)
+
+
+# ---- start --------------------------------------------------------------------------------------------------------
+
+
+def start(root: str | os.PathLike | None = None, nodes: int = 2, owner_pid: int | None = None) -> MiniCluster:
+    """Start a cluster of ``nodes`` slurmd nodes (``node1``, ``node2``, ...) and return it once every node is idle.
+    ``root``: its folder (created; must not hold a running cluster); default a new temporary one. ``owner_pid``: the
+    cluster is removed by a later ``start`` once that process is gone (for test runs that are killed outright)."""
+    if not 1 <= nodes <= 9:
+        raise MiniClusterError(f"--nodes must be 1 to 9 (got {nodes}): node i gets the address .{{10+i}} on the bridge.")
+    check_prerequisites()
+    began = time.monotonic()
+    reap_abandoned()
+    controller = socket.gethostname().split(".")[0]
+    if controller in {f"node{i}" for i in range(1, nodes + 1)}:
+        raise MiniClusterError(f"This machine's hostname is {controller!r}, the name of a mini cluster node. Rename the machine "
+                               f"(hostname NAME) or run the cluster elsewhere.")
+    root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="fleetrl-minicluster-"))
+    if (root / "cluster.json").exists():
+        raise MiniClusterError(f"{root} holds a cluster already (see `fleetrl minicluster status --dir {root}`). Stop it with "
+                               f"`fleetrl minicluster down --dir {root}`, or pick another --dir.")
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)  # munged insists that every folder above its socket is searchable by all
+    hw = _hardware()
+    shares = split_cpus(hw, nodes)
+    with _registry_lock():
+        tag = _free_tag()
+        cluster = MiniCluster(
+            root=str(root.resolve()), tag=tag, bridge=f"fmc{tag}br", controller=controller, controller_address=f"10.77.{tag}.1",
+            ctld_port=_free_port(), owner_pid=owner_pid,
+            nodes=[Node(f"node{i}", f"10.77.{tag}.{10 + i}", f"fleetrl-mc{tag}-node{i}", f"fmc{tag}node{i}", cpus)
+                   for i, (cpus, _) in enumerate(shares, start=1)])
+        # registered before anything exists, owned by this process until the cluster is up: a start killed half-way
+        # (SIGKILL) leaves a cluster that the next start finds and removes
+        _register(cluster, os.getpid())
+        try:
+            _make_network(cluster)
+        except BaseException:
+            stop(cluster)
+            raise
+    try:
+        _write_files(cluster, hw, [spec for _, spec in shares])
+        _start_daemons(cluster)
+    except BaseException:
+        stop(cluster)
+        raise
+    cluster.started_in_s = round(time.monotonic() - began, 2)
+    cluster.save()
+    _register(cluster, owner_pid)
+    return cluster
+
+
+@contextlib.contextmanager
+def running(root: str | os.PathLike | None = None, nodes: int = 2, owner_pid: int | None = None) -> Iterator[MiniCluster]:
+    """``with running() as cluster:`` a cluster that is stopped and removed when the block ends, however it ends."""
+    cluster = start(root, nodes, owner_pid)
+    try:
+        yield cluster
+    finally:
+        stop(cluster)
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and proc.returncode != 0:
+        raise MiniClusterError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()} Network namespaces and bridges need root with "
+                               f"CAP_NET_ADMIN and a kernel with veth and bridge support.")
+    return proc
+
+
+def _make_network(cluster: MiniCluster) -> None:
+    _ip("link", "add", cluster.bridge, "type", "bridge")
+    _ip("addr", "add", f"{cluster.controller_address}/24", "dev", cluster.bridge)
+    _ip("link", "set", cluster.bridge, "up")
+    for node in cluster.nodes:
+        _ip("netns", "add", node.netns)
+        _ip("link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns)
+        _ip("link", "set", node.veth, "master", cluster.bridge, "up")
+        _ip("-n", node.netns, "addr", "add", f"{node.address}/24", "dev", "eth0")
+        _ip("-n", node.netns, "link", "set", "eth0", "up")
+        _ip("-n", node.netns, "link", "set", "lo", "up")
+
+
+SLURM_CONF = """\
+# a throwaway cluster written by fleetrl/tools/minicluster.py; `fleetrl minicluster down` removes it
+ClusterName=minicluster
+SlurmctldHost={controller}({controller_address})
+SlurmctldPort={ctld_port}
+SlurmdPort=6818
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire is also how long a requeued job waits before it may start again
+AuthInfo=socket={root}/munge/munge.socket,cred_expire={requeue_delay}
+StateSaveLocation={root}/state
+SlurmctldPidFile={root}/state/slurmctld.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdSpoolDir={root}/spool/%n
+SlurmdPidFile={root}/spool/%n/slurmd.pid
+SlurmdLogFile={root}/log/slurmd.%n.log
+# no cgroup setup needed: processes are tracked by their parentage, tasks bound to their CPUs by affinity
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+MpiDefault=none
+# look at pending jobs every second (default: every 60 s, backfill every 30 s), so a requeued job starts again at once
+SchedulerParameters=sched_interval=1,bf_interval=1
+ReturnToService=2
+KillWait={kill_wait}
+# finished jobs stay visible to scontrol (accounting is off, so sacct has nothing)
+MinJobAge=600
+{node_lines}
+PartitionName=main Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _write_files(cluster: MiniCluster, hw: dict[str, int], cpu_specs: list[str]) -> None:
+    root = Path(cluster.root)
+    for sub in ("etc", "state", "log", *(f"spool/{n.name}" for n in cluster.nodes)):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for private in ("munge-key", "munge"):
+        (root / private).mkdir(mode=0o700 if private == "munge-key" else 0o755, exist_ok=True)
+    key = root / "munge-key" / "munge.key"
+    key.write_bytes(secrets.token_bytes(1024))
+    key.chmod(0o400)
+    memory = max(100, hw.get("RealMemory", 1000) // len(cluster.nodes))
+    shape = " ".join(f"{k}={hw[k]}" for k in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore") if k in hw)
+    node_lines = "\n".join(
+        f"NodeName={n.name} NodeAddr={n.address} {shape} RealMemory={memory}" + (f" CpuSpecList={spec}" if spec else "")
+        for n, spec in zip(cluster.nodes, cpu_specs))
+    cluster.conf.write_text(SLURM_CONF.format(
+        controller=cluster.controller, controller_address=cluster.controller_address, ctld_port=cluster.ctld_port, root=root,
+        requeue_delay=REQUEUE_DELAY_S, kill_wait=KILL_WAIT_S, node_lines=node_lines,
+        node_names=",".join(n.name for n in cluster.nodes)))
+    # inside the nodes: names from this file only, and no DNS server, which the nodes' network cannot reach (a lookup
+    # would wait out its timeout; torchrun's store looks up every peer)
+    hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback", f"{cluster.controller_address} {cluster.controller}"]
+    for n in cluster.nodes:
+        # the v4-mapped form too: torch's store sees its IPv4 peers as ::ffff:a.b.c.d and looks them up by that
+        hosts += [f"{n.address} {n.name}", f"::ffff:{n.address} {n.name}"]
+    (root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
+    (root / "etc" / "resolv.conf").write_text("# mini cluster node: no DNS server; names come from /etc/hosts\n")
+
+
+_CHILDREN: dict[str, list[subprocess.Popen]] = {}  # cluster folder -> its daemons started by this process, reaped by stop
+
+
+def _spawn(cluster: MiniCluster, argv: list[str], log: Path) -> subprocess.Popen:
+    """A daemon in the foreground, in a session of its own (it outlives the CLI's `up`), its output to ``log``."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True)
+    _CHILDREN.setdefault(cluster.root, []).append(proc)
+    return proc
+
+
+def _start_daemons(cluster: MiniCluster) -> None:
+    root = Path(cluster.root)
+    munged = _spawn(cluster, ["munged", "--foreground", f"--key-file={root}/munge-key/munge.key", f"--socket={root}/munge/munge.socket",
+                     f"--pid-file={root}/munge/munged.pid", f"--seed-file={root}/munge-key/munged.seed",
+                     f"--log-file={root}/log/munged.log"], root / "log" / "munged.out")
+    cluster.pids["munged"] = munged.pid
+    _wait(cluster, lambda: (root / "munge" / "munge.socket").exists(), "munged to open its socket", {"munged": munged})
+    ctld = _spawn(cluster, ["slurmctld", "-D", "-f", str(cluster.conf)], root / "log" / "slurmctld.out")
+    cluster.pids["slurmctld"] = ctld.pid
+    _wait(cluster, lambda: "UP" in cluster.slurm("scontrol", "ping", check=False), "slurmctld to answer",
+          {"munged": munged, "slurmctld": ctld})
+    daemons = {"munged": munged, "slurmctld": ctld}
+    for node in cluster.nodes:
+        # its own hostname and /etc/hosts. Slave propagation: where this machine's mounts are shared (systemd's default),
+        # a filesystem mounted later outside still reaches the node, as a cluster's shared filesystems reach its nodes
+        inner = (f"hostname {node.name} && mount --bind {root}/etc/hosts /etc/hosts && "
+                 f"mount --bind {root}/etc/resolv.conf /etc/resolv.conf && exec slurmd -D -f {cluster.conf}")
+        proc = _spawn(cluster, ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--mount", "--propagation", "slave",
+                       "sh", "-c", inner], root / "log" / f"slurmd.{node.name}.out")
+        node.pid = proc.pid  # nsenter, unshare and sh each exec the next: this is slurmd's pid
+        daemons[f"slurmd on {node.name}"] = proc
+    cluster.save()  # from here on, `down` can find every pid
+    _wait(cluster, lambda: _idle_nodes(cluster) == {n.name for n in cluster.nodes}, "every node to register and be idle", daemons)
+
+
+def _idle_nodes(cluster: MiniCluster) -> set[str]:
+    out = cluster.slurm("sinfo", "--noheader", "--Node", "--format=%N %t", check=False)
+    return {name for name, state in (line.split() for line in out.splitlines() if line.strip()) if state == "idle"}
+
+
+def _wait(cluster: MiniCluster, ready: Callable[[], bool], what: str, daemons: dict[str, subprocess.Popen]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready():
+        dead = [(name, p.returncode) for name, p in daemons.items() if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            why = f"{dead[0][0]} exited with code {dead[0][1]}" if dead else f"not within {START_TIMEOUT_S:g} s"
+            raise MiniClusterError(f"The mini Slurm cluster did not start: waiting for {what}, {why}. The ends of the daemons' logs "
+                                   f"(in {cluster.logs}):\n{cluster.log_tails()}")
+        time.sleep(0.05)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# ---- the registry: which tags are taken, and by whom ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _registry_lock() -> Iterator[None]:
+    REGISTRY.mkdir(parents=True, exist_ok=True)
+    with open(REGISTRY / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two `up`s at once (two test runs) must not take one tag
+        yield
+
+
+def _register(cluster: MiniCluster, owner: int | None) -> None:
+    """Record the tag as taken, by ``owner`` (None: until `down`). The owner's start time tells it from a later
+    process that got its pid."""
+    started = None
+    if owner is not None:
+        with contextlib.suppress(psutil.Error):
+            started = psutil.Process(owner).create_time()
+    (REGISTRY / f"{cluster.tag}.json").write_text(json.dumps({"root": cluster.root, "owner_pid": owner, "owner_started": started}))
+
+
+def _owner_alive(info: dict) -> bool:
+    owner = info.get("owner_pid")
+    if owner is None:
+        return True  # the CLI's cluster: it stays until `down`
+    try:
+        return psutil.Process(owner).create_time() == info.get("owner_started")
+    except psutil.Error:
+        return False
+
+
+def _free_tag() -> int:
+    taken = {int(p.stem) for p in REGISTRY.glob("*.json") if p.stem.isdigit()}
+    in_use = _ip("-4", "-o", "addr", "show").stdout + _ip("-o", "link", "show").stdout + _ip("netns", "list").stdout
+    for tag in TAGS:
+        if tag not in taken and f"10.77.{tag}." not in in_use and f"fmc{tag}" not in in_use and f"fleetrl-mc{tag}-" not in in_use:
+            return tag
+    raise MiniClusterError(f"No free mini cluster slot: {len(TAGS)} are in use (see {REGISTRY}). Stop some with "
+                           f"`fleetrl minicluster down --dir DIR`.")
+
+
+def reap_abandoned() -> list[int]:
+    """Stop the clusters whose owner process is gone (a test run killed before its teardown); returns their tags."""
+    reaped = []
+    with _registry_lock():
+        for entry in REGISTRY.glob("*.json"):
+            try:
+                info = json.loads(entry.read_text())
+            except (OSError, ValueError):
+                continue
+            if _owner_alive(info):
+                continue
+            try:
+                cluster = MiniCluster.load(info["root"])
+            except (OSError, ValueError, KeyError, TypeError):
+                cluster = _skeleton(int(entry.stem), info["root"])  # died before it saved: remove by its names
+            stop(cluster, locked=True)
+            reaped.append(cluster.tag)
+    return reaped
+
+
+def _skeleton(tag: int, root: str) -> MiniCluster:
+    """What a cluster of this tag would have made, to remove whatever of it exists."""
+    names = [line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line.startswith(f"fleetrl-mc{tag}-")]
+    nodes = [Node(n.split("-")[-1], "", n, f"fmc{tag}{n.split('-')[-1]}", "") for n in names]
+    return MiniCluster(root=root, tag=tag, bridge=f"fmc{tag}br", controller="", controller_address="", ctld_port=0, nodes=nodes)
+
+
+# ---- stop ---------------------------------------------------------------------------------------------------------
+
+
+def stop(cluster: MiniCluster, locked: bool = False) -> None:
+    """Stop every process of the cluster (the daemons, and every job process on its nodes), then remove its namespaces,
+    links, bridge, files and registry entry. Safe to call on a half-started cluster, and twice."""
+    # every process in a node's network namespace: slurmd, slurmstepd, the jobs' tasks, what `exec` started there.
+    # SIGKILL at once: nothing on a throwaway node needs a clean exit, and slurmstepd ignores SIGTERM.
+    _terminate([p for node in cluster.nodes for p in _processes_in_netns(node.netns)], first=signal.SIGKILL)
+    _terminate([p for name, pid in cluster.pids.items() if (p := _own_daemon(pid, name, cluster.root)) is not None])
+    for node in cluster.nodes:
+        _ip("netns", "delete", node.netns, check=False)
+        _ip("link", "delete", node.veth, check=False)  # gone with the namespace already, unless that failed
+    _ip("link", "delete", cluster.bridge, check=False)
+    for child in _CHILDREN.pop(cluster.root, []):  # ended above: this collects their exit status
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=STOP_GRACE_S)
+    if cluster.root and Path(cluster.root).exists():
+        shutil.rmtree(cluster.root, ignore_errors=True)
+    with contextlib.nullcontext() if locked else _registry_lock():
+        with contextlib.suppress(FileNotFoundError):
+            (REGISTRY / f"{cluster.tag}.json").unlink()
+
+
+def _processes_in_netns(netns: str) -> list[psutil.Process]:
+    proc = _ip("netns", "pids", netns, check=False)
+    out = []
+    for pid in proc.stdout.split():
+        with contextlib.suppress(psutil.Error):
+            out.append(psutil.Process(int(pid)))
+    return out
+
+
+def _own_daemon(pid: int, name: str, root: str) -> psutil.Process | None:
+    """The process ``pid`` if it still is this cluster's ``name`` daemon (a pid may have been reused since)."""
+    try:
+        proc = psutil.Process(pid)
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return None
+    return proc if name in cmdline and root in cmdline else None
+
+
+def _terminate(procs: list[psutil.Process], first: signal.Signals = signal.SIGTERM) -> None:
+    for sig in dict.fromkeys((first, signal.SIGKILL)):
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while (procs := [p for p in procs if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not procs:
+            return
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Still running: a zombie has ended (the CLI's daemons are reaped by init, whenever it gets round to it)."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MiniClusterArgs:
+    action: tyro.conf.Positional[Literal["up", "status", "exec", "down"]]
+    """up: start a cluster; status: its nodes and jobs; exec NODE -- CMD: run CMD on a node; down: stop and remove it"""
+    node: Annotated[tyro.conf.Positional[tuple[str, ...]], tyro.conf.arg(metavar="NODE")] = ()
+    """with exec: the node to run on (node1, node2, ...), then -- and the command"""
+    dir: str = str(DEFAULT_DIR)
+    """the cluster's folder (slurm.conf, munge key, state, logs); status, exec and down find the cluster by it"""
+    nodes: int = 2
+    """with up: how many slurmd nodes"""
+
+
+def main(args: MiniClusterArgs, command: list[str]) -> None:
+    if args.action == "up":
+        cluster = start(args.dir, args.nodes)
+        print(f"mini Slurm cluster up in {cluster.started_in_s:.1f} s: controller {cluster.controller} at "
+              f"{cluster.controller_address}:{cluster.ctld_port}, nodes " +
+              ", ".join(f"{n.name} ({n.address}, CPUs {n.cpus})" for n in cluster.nodes) + ".")
+        print(f"use it with:  export SLURM_CONF={cluster.conf}")
+        print(f"stop it with: sudo fleetrl minicluster down{'' if args.dir == str(DEFAULT_DIR) else ' --dir ' + args.dir}")
+        return
+    try:
+        cluster = MiniCluster.load(args.dir)
+    except (OSError, ValueError) as exc:
+        where = "" if args.dir == str(DEFAULT_DIR) else f" --dir {args.dir}"
+        raise MiniClusterError(f"No mini cluster in {args.dir} ({getattr(exc, 'strerror', None) or exc}). Start one with "
+                               f"`sudo fleetrl minicluster up{where}`, or give the --dir it was started with.") from None
+    if args.action == "down":
+        stop(cluster)
+        print(f"mini Slurm cluster in {args.dir} stopped; its namespaces, links and files are removed.")
+    elif args.action == "status":
+        print(f"export SLURM_CONF={cluster.conf}")
+        print(cluster.slurm("sinfo", "--Node", "--long", check=False) + cluster.slurm("squeue", check=False), end="")
+    else:  # exec
+        if len(args.node) != 1 or not command:
+            raise MiniClusterError("Usage: fleetrl minicluster exec NODE -- COMMAND [ARGS...], e.g. fleetrl minicluster exec node2 -- hostname -I")
+        argv = cluster.on_node(args.node[0], command)
+        sys.exit(subprocess.run(argv, env=cluster.env()).returncode)
+
+
+if __name__ == "__main__":
+    from fleetrl.cli import main as cli_main
+
+    cli_main(["minicluster", *sys.argv[1:]])
