@@ -136,16 +136,16 @@ def run_fleetrl(opts: argparse.Namespace, marks: Marks) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     original_init, original_iteration = trainlog.TrainLog.__init__, trainlog.TrainLog.iteration
 
-    def init(self, run, envs, *args, **kwargs):
-        original_init(self, run, envs, *args, **kwargs)
+    def init(self, args, dist, envs, *rest, **kwargs):
+        original_init(self, args, dist, envs, *rest, **kwargs)
         seen["backend"] = f"{getattr(envs, 'backend', '?')}"
         seen["thread_plan"] = str(getattr(envs, "thread_plan", ""))
-        seen["device"] = str(run.device)
+        seen["device"] = str(dist.device if dist.enabled else ("cuda" if args.cuda and torch.cuda.is_available() else "cpu"))
 
-    def iteration(self, iteration_number, global_step, *args, **kwargs):
+    def iteration(self, global_step, *args, **kwargs):
         marks.mark(global_step)
         seen["torch_threads"] = torch.get_num_threads()  # as the loop runs (the run sets its thread plan)
-        return original_iteration(self, iteration_number, global_step, *args, **kwargs)
+        return original_iteration(self, global_step, *args, **kwargs)
 
     trainlog.TrainLog.__init__, trainlog.TrainLog.iteration = init, iteration
     # the plain loop's hyperparameters (CleanRL's), given explicitly, so both sides surely run the same ones

@@ -27,7 +27,7 @@ import sys
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from fleetrl.envs import EnvFamily, env_family, make_vector_env
 from fleetrl.envs.spaces import check_spaces
 from fleetrl.errors import FleetError, NonFiniteLossError
 from fleetrl.learner import Learner
+from fleetrl.monitor import TrainResult
 from fleetrl.monitor.trainlog import TrainLog
 
 IMAGE_FAMILIES = ("atari", "procgen")  # the families trained with a CNN; the others with small MLPs (for the thread plan)
@@ -76,6 +77,8 @@ class Run:
     _failed_writes: int = 0
     _signal: int | None = None  # the stop signal received, if any
     _log: TrainLog | None = None
+    _num_iterations: int = 0
+    _return_reached: float | None = None  # the mean return that reached --stop-at-return; ``iterations`` then ends
     _learner: Learner | None = None  # its state is fetched before each checkpoint (--policy-lag 1 keeps it in a process of its own)
     _old_handlers: dict = field(default_factory=dict)
 
@@ -167,10 +170,58 @@ class Run:
         return envs
 
     def start_logging(self, envs: Any, num_iterations: int, steps_per_iteration: int, notes: dict[str, str] | None = None) -> TrainLog:
-        """TensorBoard (rank 0), the progress display, phase timing and resource sampling, all closed with the run;
-        ``log.iteration(...)`` ends each iteration (fleetrl/monitor/trainlog.py)."""
-        self._log = TrainLog(self, envs, num_iterations, steps_per_iteration, notes)
+        """TensorBoard (rank 0), the progress display, phase timing and resource sampling, all closed with the run
+        (fleetrl/monitor/trainlog.py); ``run.end_iteration(...)`` logs each iteration through it."""
+        self._num_iterations = num_iterations
+        self._log = self.closing(TrainLog(self.args, self.dist, envs, num_iterations, steps_per_iteration, global_step=self.global_step,
+                                          resumed=self.resumed is not None, title=f"fleetrl {self.algo}: {self.args.env_id} "
+                                          f"({self.family.name})", notes=notes))
         return self._log
+
+    # ---------------------------------------------------------------- the training loop's ends
+    def iterations(self) -> Iterator[int]:
+        """The loop's iterations: from the one after a resumed checkpoint's to the last, ending early (after that
+        iteration's checkpoint) once ``--stop-at-return`` is reached."""
+        for iteration in range(self.start_iteration + 1, self._num_iterations + 1):
+            yield iteration
+            if self._return_reached is not None:
+                return
+
+    def end_iteration(self, iteration: int, global_step: int, episodes: list, losses: dict[str, Any] | None = None,
+                      charts: dict[str, float] | None = None) -> None:
+        """End iteration ``iteration`` at ``global_step`` (over all ranks): log it (``episodes``: those this rank finished
+        since the last call; ``losses``: averaged over ranks, logged as ``losses/NAME``; ``charts``: ``charts/NAME``);
+        stop on a non-finite loss; write a checkpoint at ``--checkpoint-every``, at the end, at ``--stop-at-return``
+        and on SIGTERM or Ctrl-C, after which a signal stops the run. Every rank decides alike."""
+        log, args = self._log, self.args
+        means = log.iteration(global_step, episodes, losses, charts)
+        self.check_finite(means, iteration, global_step)  # a NaN loss stops the run before it is checkpointed
+        target = getattr(args, "stop_at_return", None)
+        reached = log.mean_return(args.stop_window) if target is not None else None
+        self._return_reached = reached if reached is not None and reached >= target else None  # all ranks' episodes
+        last = iteration == self._num_iterations or self._return_reached is not None
+        log.monitor(global_step, last)
+        stop = self.stop_requested()  # SIGTERM or Ctrl-C on any rank: checkpoint now, then stop (all ranks agree)
+        if stop or iteration % args.checkpoint_every == 0 or last:
+            log.flush()  # the logs up to the checkpoint survive a kill
+            self.save_checkpoint(global_step, iteration)
+        if stop:
+            raise self.stopped()
+        if self._return_reached is not None and self.dist.is_main:
+            print(f"stopping early: the mean return of the last {args.stop_window} episodes is {self._return_reached:.2f}, at least "
+                  f"--stop-at-return {target:g} (global step {global_step:,})", flush=True)
+
+    def finish(self, model: Any) -> TrainResult:
+        """After the last iteration: check that every rank holds the same parameters, say where the results are."""
+        digest = self.dist.check_replicas_identical(model)
+        result = self._log.result
+        if self.dist.is_main:
+            if self.dist.enabled:
+                print(f"replicas in sync: {self.dist.world_size} ranks hold bit-identical parameters (sha256 {digest[:16]})", flush=True)
+            print(f"done: {result.global_step:,} steps. TensorBoard logs: {self.args.run_dir}  (tensorboard --logdir {self.args.run_dir})",
+                  flush=True)
+            print(f"checkpoint: {self.last_checkpoint}", flush=True)
+        return result
 
     def learner(self, *updates: Callable[..., Any], acting: Any) -> Learner:
         """Where the update functions run: here, or with ``--policy-lag 1`` in a learner process that ``acting`` (the
@@ -181,7 +232,7 @@ class Run:
         return self._learner
 
     def check_finite(self, losses: dict[str, float], iteration: int, global_step: int) -> None:
-        """Stop the run, without saving, when a loss became NaN or inf (``log.iteration`` checks the averaged losses)."""
+        """Stop the run, without saving, when a loss became NaN or inf (``end_iteration`` checks the averaged losses)."""
         bad = {name: value for name, value in losses.items() if not math.isfinite(value)}
         if bad:
             name, value = next(iter(bad.items()))
@@ -270,7 +321,7 @@ class Run:
         """Put a resumed run's registered states and RNG streams back. Call it right before the first iteration,
         after everything that draws random numbers during setup, so the streams continue exactly. SPS counts from here."""
         if self._log is not None:
-            self._log.start_clock()
+            self._log.start_clock(self.global_step)
         if self.resumed is None:
             return
         for name, obj in self._shared.items():

@@ -181,7 +181,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         # TRY NOT TO MODIFY: start the game
         global_step, epsilon, losses = run.global_step, args.start_e, {}
         obs, _ = envs.reset(seed=run.env_seed)
-        for iteration in log.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
+        for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) of the episodes this rank finished
             for _ in range(STEPS_PER_ITERATION):
                 global_step += args.num_envs  # every env of every rank
@@ -207,8 +207,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                     if times_due(global_step, args.num_envs, args.target_network_frequency):
                         learner(update_target)
 
-            log.iteration(iteration, global_step, episodes, losses=losses, charts={"epsilon": epsilon})
-        return log.finish(q_network)
+            run.end_iteration(iteration, global_step, episodes, losses=losses, charts={"epsilon": epsilon})
+        return run.finish(q_network)
 
 
 # ============================================================================ evaluation

@@ -338,7 +338,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         run.register_per_rank(actor=sampler)  # each rank's sampling noise
         run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
 
-        for iteration in log.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
+        for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -378,9 +378,9 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
             # ---------------------------------------------------------------- logging
             stats["clipfrac"], stats["loss"] = torch.stack(clipfracs).mean(), loss_and_kl[0]  # a non-finite loss stops the run
             stats["explained_variance"] = explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np)
-            log.iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,  # and SPS, perf, resources, checkpoints
+            run.end_iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,  # and SPS, perf, resources, checkpoints
                           charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag})
-        return log.finish(agent)
+        return run.finish(agent)
 
 
 # ============================================================================ evaluation

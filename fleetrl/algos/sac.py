@@ -180,7 +180,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         # ------------------------------------------------------------------------ the loop
         global_step, losses = run.global_step, {}
         obs, _ = envs.reset(seed=run.env_seed)
-        for iteration in log.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
+        for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) finished on this rank
             for _ in range(STEPS_PER_ITERATION):
                 global_step += args.num_envs  # all ranks' envs
@@ -199,8 +199,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                     with log.timer.learn:
                         losses.update(update(rb.sample(local_batch_size), global_step // args.num_envs))
 
-            log.iteration(iteration, global_step, episodes, losses={**losses, "alpha": alpha} if losses else {})
-        return log.finish(nn.ModuleDict(dict(actor=actor, qf=qf)))  # under torchrun: replicas checked bit-identical
+            run.end_iteration(iteration, global_step, episodes, losses={**losses, "alpha": alpha} if losses else {})
+        return run.finish(nn.ModuleDict(dict(actor=actor, qf=qf)))  # under torchrun: replicas checked bit-identical
 
 
 # ============================================================================ evaluation
