@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetrl import config
+from fleetrl.accel import check_precision
 from fleetrl.distributed import split_evenly
 from fleetrl.envs.stepping import check_flags as check_stepping_flags
+from fleetrl.envs.vector import check_async_batch
+from fleetrl.sampling.sampler import check_actor_device, local_async_batch
 from fleetrl.errors import FleetError
 
 STEPS_PER_ITERATION = 100  # off-policy: vector steps between logging calls (CleanRL logs every 100 steps)
@@ -108,6 +111,39 @@ def validate_common(args: Any, world_size: int, ranges: dict[str, config.Range])
                          "runs/{env_id}__{exp_name}__{seed}__{timestamp}.")
     local_num_envs = split_evenly(args.num_envs, world_size, "The number of environments", "--num-envs")
     check_stepping_flags(local_num_envs, args.env_backend, args.env_workers, args.env_threads)
+
+
+@dataclass
+class OnPolicyArgs(CommonArgs):
+    """PPO and its recurrent variant: the sampler's and the network's speed settings (docs/sampling.md, docs/speed.md)."""
+
+    async_batch: int | None = None
+    """return the first K ready envs each step (dynamic scheduling: a slow env does not idle the rest); = --num-envs: the serial loop [unset: two env groups take turns where the backend steps in the background, docs/sampling.md]"""
+    policy_lag: int = 0
+    """0: every rollout uses the newest weights; 1: collect rollout k+1 with the weights of k while the learner trains on k"""
+    actor_device: str = "auto"
+    """where acting runs: cpu, the learner's device (`learner`), or auto (measured at start, the faster one)"""
+    precision: str = "auto"
+    """network precision: fp32, bf16 (autocast around the network only), or auto (bf16 where native and measured faster)"""
+    compile: bool = False
+    """wrap the learner step (loss, forward and backward) in torch.compile; falls back to eager with a warning if it fails"""
+
+
+ONPOLICY_RANGES = {
+    **COMMON_RANGES,
+    "async_batch": config.count("envs returned per step", optional=True, hint="Leave it out for the default sampling."),
+    "policy_lag": config.count("0: every rollout uses the newest weights; 1: one update behind", low=0, high=1),
+}
+
+
+def validate_onpolicy(args: Any, world_size: int, ranges: dict[str, config.Range]) -> None:
+    """The common checks, then the sampler's and the precision's (each flag checked in its one place)."""
+    validate_common(args, world_size, ranges)
+    local_num_envs = args.num_envs // world_size
+    check_async_batch(local_num_envs, local_async_batch(args.async_batch, args.num_envs, local_num_envs), args.env_backend,
+                      args.env_workers)
+    check_actor_device(args.actor_device)
+    check_precision(args.precision)
 
 
 @dataclass

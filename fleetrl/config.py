@@ -145,3 +145,8 @@ def check_ranges(args: Any, rules: dict[str, Range]) -> None:
     problems = [p for p in problems if p]
     if problems:
         raise FleetError(" ".join(problems))
+
+
+def divisors(n: int, most: int = 8) -> list[int]:
+    """The smallest divisors of ``n``, for error messages that suggest a value (a bounded search: ``n`` can be huge)."""
+    return [d for d in range(1, min(n, 4096) + 1) if n % d == 0][:most]

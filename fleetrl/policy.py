@@ -24,10 +24,17 @@ class Policy(Protocol):
         ...
 
 
-def policy_fn(policy: Policy, envs, deterministic: bool = True, obs_norm=None) -> Callable[[np.ndarray], np.ndarray]:
-    """``obs -> action`` for a vector env: observations normalised with frozen statistics (``obs_norm``), the
-    network run without gradients, Box actions clipped to the action space."""
+def policy_fn(policy: Policy, envs, deterministic: bool = True, obs_rms: dict | None = None) -> Callable[[np.ndarray], np.ndarray]:
+    """``obs -> action`` for a vector env: observations normalised with a checkpoint's frozen statistics (``obs_rms``,
+    its running mean and variance), the network run without gradients, Box actions clipped to the action space."""
+    from fleetrl.sampling.normalize import ObsNormalizer
+
     space = envs.single_action_space
+    obs_norm = None
+    if obs_rms is not None:
+        obs_norm = ObsNormalizer(envs.single_observation_space.shape)
+        obs_norm.rms.load_state_dict(obs_rms)
+        obs_norm.frozen = True
     if isinstance(policy, torch.nn.Module):
         policy.eval()
 

@@ -65,6 +65,7 @@ class Run:
     local_num_envs: int
     resumed: dict[str, Any] | None  # the checkpoint this run continues from
     algo: str = ""
+    policy_lag: int = 0  # --policy-lag, for an algorithm that has one (Run.start's lag_worker)
     global_step: int = 0
     start_iteration: int = 0
     threads: runtime.ThreadPlan | None = None  # who gets this process's cores; printed with describe(backend)
@@ -84,15 +85,16 @@ class Run:
 
     @classmethod
     def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[..., None], algo: str = "",
-              wide_network: bool = False) -> "Run":
+              wide_network: bool = False, lag_worker: str = "") -> "Run":
         """``algo``: the algorithm's name (``fleetrl train ALGO``); a checkpoint written by another is refused.
         ``wide_network``: the learner's layers are wide enough to split over threads even on vector observations
-        (SAC's and TD3's 256-wide MLPs at batch 256), so the thread plan treats it as a CNN."""
+        (SAC's and TD3's 256-wide MLPs at batch 256), so the thread plan treats it as a CNN. ``lag_worker``: what the
+        algorithm's ``--policy-lag 1`` runs beside the trainer ("sampler thread", "learner process"); "" if it has none."""
         if launched_by_torchrun():  # joining the job uses it, before validate names every bad flag
             config.check_ranges(args, {"dist_timeout": DIST_TIMEOUT})
         dist = init_distributed(args.cuda, args.dist_backend, args.dist_timeout)
         try:
-            return cls._start(args, explicit, family_defaults, validate, dist, algo, wide_network)
+            return cls._start(args, explicit, family_defaults, validate, dist, algo, wide_network, lag_worker)
         except FleetError as exc:
             exc.quiet = exc.quiet or not dist.is_main  # every rank refuses the same flags; rank 0 says it once
             dist.close()
@@ -102,7 +104,7 @@ class Run:
             raise
 
     @classmethod
-    def _start(cls, args, explicit, family_defaults, validate, dist: Dist, algo: str, wide_network: bool) -> "Run":
+    def _start(cls, args, explicit, family_defaults, validate, dist: Dist, algo: str, wide_network: bool, lag_worker: str) -> "Run":
         # rank 0 finds and loads the checkpoint; everyone gets it (or the same error) by broadcast
         loaded: Any = None
         if dist.is_main:
@@ -128,7 +130,7 @@ class Run:
         if problem:
             raise FleetError(problem)
 
-        run = cls(args, family, dist, None, local_num_envs, resumed, algo)
+        run = cls(args, family, dist, None, local_num_envs, resumed, algo, policy_lag=args.policy_lag if lag_worker else 0)
         if resumed is not None:
             run.global_step, run.start_iteration = int(resumed["global_step"]), int(resumed["iteration"])
             run.last_checkpoint = resumed.get("_path")
@@ -140,9 +142,9 @@ class Run:
         watch = cnn and args.torch_threads is None and not args.torch_deterministic and not runtime.threads_wait_passively()
         busy = runtime.busy_cores_elsewhere() if watch else 0.0
         run.threads = runtime.plan_threads(None, dist.local_world_size, local_num_envs, cnn=cnn,
-                                           policy_lag=getattr(args, "policy_lag", 0), torch_threads=args.torch_threads, busy_elsewhere=busy)
-        if hasattr(args, "buffer_size"):  # off-policy: --policy-lag 1 runs the updates in a learner process (fleetrl/learner.py)
-            run.threads = replace(run.threads, lag_worker="learner process")
+                                           policy_lag=run.policy_lag, torch_threads=args.torch_threads, busy_elsewhere=busy)
+        if lag_worker:
+            run.threads = replace(run.threads, lag_worker=lag_worker)
         runtime.apply_thread_plan(run.threads)
         run.device = dist.device if dist.enabled else runtime.pick_device(args.cuda, warn="cuda" in explicit and dist.is_main)
         run._catch_stop_signals()
@@ -227,7 +229,7 @@ class Run:
         """Where the update functions run: here, or with ``--policy-lag 1`` in a learner process that ``acting`` (the
         network the loop acts with) follows one update behind (fleetrl/learner.py). Call it after ``register``."""
         threads = self.threads.torch_threads if self.threads is not None else 1
-        self._learner = self.closing(Learner(updates, acting, self._shared, getattr(self.args, "policy_lag", 0), self.device,
+        self._learner = self.closing(Learner(updates, acting, self._shared, self.policy_lag, self.device,
                                              torch_threads=max(1, threads - 1)))
         return self._learner
 

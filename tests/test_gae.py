@@ -1,10 +1,19 @@
 """GAE (the recurrence in fleetrl/algos/ppo.py) against a plain per-env, per-step reference, including time-limit
 bootstrapping; the rollout buffer's flat views."""
 
+from types import SimpleNamespace
+
 import numpy as np
 
-from fleetrl.algos.ppo import gae as compute_gae
+from fleetrl.algos.ppo import gae
 from fleetrl.sampling.rollout import RolloutBuffer
+
+
+def compute_gae(rewards, values, terminated, dones, final_values, last_values, gamma, lam, env_ids=None):
+    """ppo.gae over arrays, as a rollout buffer holds them."""
+    buffer = SimpleNamespace(rewards=rewards, values=values, terminated=terminated, dones=dones, final_values=final_values,
+                             last_values=last_values, env_ids=env_ids)
+    return gae(buffer, gamma, lam)
 
 
 def reference_gae(rewards, values, terminated, truncated, final_values, last_values, gamma, lam):

@@ -13,7 +13,6 @@ import torch
 from conftest import run_fleetrl
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.algos.ppo import Agent, rollout
-from fleetrl.algos.ppo import gae as compute_gae
 from fleetrl.envs import make_vector_env
 from fleetrl.envs.shm import SharedMemoryVectorEnv
 from fleetrl.envs.vector import SyncVectorEnv
@@ -22,7 +21,7 @@ from fleetrl.monitor.tbread import read_scalars
 from fleetrl.monitor.timing import PhaseTimer
 from fleetrl.sampling.normalize import ObsNormalizer
 from fleetrl.sampling.sampler import Sampler
-from test_gae import reference_gae
+from test_gae import compute_gae, reference_gae
 
 FIELDS_EXACT = ("obs", "actions", "rewards", "terminated", "dones")
 FIELDS_ROUNDED = ("logprobs", "values", "final_values", "last_values")  # batch-size-dependent kernels round differently
@@ -335,3 +334,22 @@ def test_timer_keeps_sampler_thread_phases_out_of_the_trainer_accounting():
     assert perf["perf/wait_time"] == pytest.approx(0.04, abs=0.02)
     on_trainer = perf["perf/learn_share"] + perf["perf/wait_share"] + perf["perf/inference_share"] + perf["perf/other_share"]
     assert on_trainer == pytest.approx(1.0, abs=1e-6)  # the env phase ran alongside, outside this sum
+
+
+def test_async_batch_with_the_default_backend_picks_one_that_returns_the_first_envs_ready(tmp_path):
+    # CartPole alone would run in-process (sync), which has no first-ready batches: auto takes async for --async-batch
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--num-envs", "4", "--async-batch", "2",
+                       "--num-steps", "16", "--total-timesteps", "128", "--run-dir", str(tmp_path / "ok"), timeout=180)
+    assert proc.returncode == 0 and "env backend: async" in proc.stdout and "first-ready batches of 2" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--env-backend", "sync"], "--env-backend sync steps all 4 together"),
+    (["--env-backend", "async", "--async-batch", "3"], "must divide --num-envs 4"),
+    (["--env-backend", "async", "--env-workers", "1"], "multiple of the envs each of the 1 env workers steps (4)"),
+])
+def test_async_batch_is_refused_before_the_start_naming_the_fix(tmp_path, flags, needle):
+    argv = ["train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--num-envs", "4", "--run-dir", str(tmp_path / "r")]
+    proc = run_fleetrl(*argv, *(["--async-batch", "2"] if "--async-batch" not in flags else []), *flags, timeout=120)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()

@@ -286,10 +286,12 @@ def test_uint8_image_observations_come_from_shared_memory(copy):
 
 
 def test_async_batch_must_be_whole_worker_groups():
-    with pytest.raises(FleetError, match="multiple of the 2 envs each worker steps"):
+    with pytest.raises(FleetError, match=r"multiple of the envs each of the 2 env workers steps \(4\)"):
+        SharedMemoryVectorEnv(counting(8), num_workers=2, async_batch=2)
+    with pytest.raises(FleetError, match=r"each of the 4 env workers steps \(1.5\).*among \[2, 6\]"):
+        SharedMemoryVectorEnv(counting(6), num_workers=4, async_batch=3)  # uneven groups
+    with pytest.raises(FleetError, match="must divide --num-envs 8"):
         SharedMemoryVectorEnv(counting(8), num_workers=4, async_batch=3)
-    with pytest.raises(FleetError, match="split evenly"):
-        SharedMemoryVectorEnv(counting(7), num_workers=3, async_batch=2)
     with pytest.raises(FleetError, match="num_workers"):
         SharedMemoryVectorEnv(counting(2), num_workers=3)
     with SharedMemoryVectorEnv(counting(4), num_workers=2, async_batch=2) as envs:

@@ -143,7 +143,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     a resumed run's saved arguments)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
-    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="dqn") as run:
+    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="dqn", lag_worker="learner process") as run:
         args, dist, device = run.args, run.dist, run.device
         envs = run.make_envs()  # this rank's envs; a continuous action space was refused here
         obs_shape, num_actions, num_envs = envs.single_observation_space.shape, int(envs.single_action_space.n), run.local_num_envs

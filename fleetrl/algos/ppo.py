@@ -23,31 +23,23 @@ import torch
 from torch import nn
 
 from fleetrl import config
-from fleetrl.accel import autocast, check_precision, choose_accel
-from fleetrl.args import COMMON_RANGES, CommonArgs, validate_common
+from fleetrl.accel import autocast, choose_accel
+from fleetrl.args import ONPOLICY_RANGES, OnPolicyArgs, validate_onpolicy
 from fleetrl.distributed import Dist
 from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
+from fleetrl.nets import (ImpalaCNN, NatureCNN, categorical_logprob_entropy, categorical_sample, explained_variance,
+                          gaussian_logprob_entropy, gaussian_sample, layer_init, mlp)
 from fleetrl.policy import policy_fn
 from fleetrl.run import Run
-from fleetrl.nets import (
-    ImpalaCNN,
-    NatureCNN,
-    categorical_logprob_entropy,
-    categorical_sample,
-    explained_variance,
-    gaussian_logprob_entropy,
-    gaussian_sample,
-    layer_init,
-    mlp,
-)
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
-from fleetrl.sampling.sampler import Due, Sampler, check_sampling_flags, local_async_batch
+from fleetrl.sampling.rollout import RolloutBuffer
+from fleetrl.sampling.sampler import Due, Sampler, local_async_batch
 
 
 # ============================================================================ arguments
 @dataclass
-class Args(CommonArgs):
+class Args(OnPolicyArgs):
     """CleanRL's flags (experiment, then PPO's), then the engine's (fleetrl/args.py); None: the env family's default."""
 
     exp_name: str = "ppo"
@@ -56,7 +48,7 @@ class Args(CommonArgs):
     """total timesteps of the experiments [500k classic control, 10M Atari, 1M MuJoCo]"""
     num_envs: int | None = None
     """the number of parallel game environments [4; Atari 8; MuJoCo 1]"""
-    # Algorithm specific arguments; None means "the default for the env family" (see FAMILY_DEFAULTS)
+    # Algorithm specific arguments; None: the env family's default (FAMILY_DEFAULTS)
     learning_rate: float | None = None
     """the learning rate of the optimizer [2.5e-4; MuJoCo 3e-4]"""
     num_steps: int | None = None
@@ -88,18 +80,6 @@ class Args(CommonArgs):
     normalize: bool | None = None
     """normalise observations and rewards with running statistics [on for MuJoCo, off otherwise]"""
 
-    # fleetrl: engine settings
-    async_batch: int | None = None
-    """return the first K ready envs each step (dynamic scheduling: a slow env does not idle the rest); = --num-envs: the serial loop [unset: two env groups take turns where the backend steps in the background, docs/sampling.md]"""
-    policy_lag: int = 0
-    """0: every rollout uses the newest weights; 1: collect rollout k+1 with the weights of k while the learner trains on k"""
-    actor_device: str = "auto"
-    """where acting runs: cpu, the learner's device (`learner`), or auto (measured at start, the faster one)"""
-    precision: str = "auto"
-    """network precision: fp32, bf16 (autocast around the network only), or auto (bf16 where native and measured faster)"""
-    compile: bool = False
-    """wrap the learner step (loss, forward and backward) in torch.compile; falls back to eager with a warning if it fails"""
-
 
 FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.py
     "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
@@ -114,7 +94,7 @@ for _defaults in FAMILY_DEFAULTS.values():
 
 # what each numeric flag accepts (after the family defaults are filled), checked before anything starts
 RANGES = {
-    **COMMON_RANGES,
+    **ONPOLICY_RANGES,
     "learning_rate": config.positive("the optimizer's step size", config.COEF_MAX),
     "num_steps": config.count("steps each env takes per rollout"),
     "gamma": config.fraction("the discount factor"),
@@ -127,45 +107,28 @@ RANGES = {
     "max_grad_norm": config.positive("the gradient norm clipping threshold", config.COEF_MAX),
     "target_kl": config.positive("the KL divergence that stops an update early", config.COEF_MAX, optional=True,
                                  hint="Leave it out to never stop early."),
-    "async_batch": config.count("envs returned per step", optional=True, hint="Leave it out for the default sampling."),
-    "policy_lag": config.count("0: every rollout uses the newest weights; 1: one update behind", low=0, high=1),
 }
 
 
 def validate(args: Args, world_size: int = 1) -> None:
     """Refuse a configuration that cannot run, before anything starts. ``world_size``: the torchrun
     processes, each of which holds ``--num-envs / world_size`` envs and splits its own batch into minibatches."""
-    validate_common(args, world_size, RANGES)
-    check_precision(args.precision)
+    validate_onpolicy(args, world_size, RANGES)  # the common flags, and the sampler's and precision's
     local_num_envs = args.num_envs // world_size
     batch_size, local_batch_size = args.num_envs * args.num_steps, local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches:
-        held = (f"Each of the {world_size} processes holds (--num-envs {args.num_envs} / {world_size}) x --num-steps {args.num_steps} = "
-                f"{local_batch_size} samples, which do" if world_size > 1 else
-                f"The batch of --num-envs {args.num_envs} x --num-steps {args.num_steps} = {batch_size} samples does")
-        raise FleetError(
-            f"{held} not split into --num-minibatches {args.num_minibatches} whole minibatches of at least 1 sample. "
-            f"Choose --num-minibatches that divides {local_batch_size} (e.g. {_divisors(local_batch_size)}), or change --num-envs/--num-steps."
-        )
+        held = f" (each of the {world_size} processes holds {local_batch_size})" if world_size > 1 else ""
+        raise FleetError(f"The batch of --num-envs {args.num_envs} x --num-steps {args.num_steps} = {batch_size} samples{held} does not "
+                         f"split into --num-minibatches {args.num_minibatches} whole minibatches. Choose --num-minibatches that divides "
+                         f"{local_batch_size} (e.g. {', '.join(map(str, config.divisors(local_batch_size)))}), or change --num-envs/--num-steps.")
     if args.norm_adv and batch_size // args.num_minibatches < 2:  # the std of one sample is undefined: a NaN loss
         raise FleetError(
             f"--num-minibatches {args.num_minibatches} leaves 1 sample per minibatch (a batch of {batch_size}), and advantage "
             f"normalisation divides by each minibatch's standard deviation, which needs at least 2. Use fewer minibatches, "
             f"more --num-envs/--num-steps, or --no-norm-adv."
         )
-    if args.async_batch is not None and args.num_envs % args.async_batch:
-        raise FleetError(
-            f"--async-batch {args.async_batch} must divide --num-envs {args.num_envs}: a rollout holds --num-envs x --num-steps "
-            f"transitions, received K at a time. Choose a divisor (e.g. {_divisors(args.num_envs)}), or leave it out."
-        )
-    check_sampling_flags(args.num_envs, args.async_batch, args.policy_lag, args.actor_device)
     if args.total_timesteps < batch_size:
         raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size}); raise it.")
-
-
-def _divisors(n: int, most: int = 8) -> str:
-    """Some divisors of ``n``, the small ones (a bounded search: ``n`` can be huge)."""
-    return ", ".join(str(d) for d in [d for d in range(1, min(n, 4096) + 1) if n % d == 0][:most])
 
 
 # ============================================================================ networks
@@ -232,8 +195,7 @@ def rollout(steps: Iterable[Due]) -> None:
 
 
 # ============================================================================ advantage
-def gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, dones: np.ndarray, final_values: np.ndarray,
-        last_values: np.ndarray, gamma: float, gae_lambda: float, env_ids: np.ndarray | None = None) -> np.ndarray:
+def gae(b: RolloutBuffer, gamma: float, gae_lambda: float) -> np.ndarray:
     """Generalised advantage estimation over a ``(T, N)`` rollout, backwards, as CleanRL's recurrence.
 
     The value after transition t is: 0 if the episode terminated there; the value of the final observation if it was
@@ -241,16 +203,16 @@ def gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, dones: 
     of the env's next observation. The advantage trace stops at every episode end. ``env_ids``: with first-ready
     batches row t holds the envs that arrived t-th, so each env carries its own next value and trace through the rows
     (its last transition bootstraps from ``last_values[env]``); else column i is env i."""
-    next_value = np.array(last_values, dtype=np.float64)  # per env: the value after its latest transition seen
+    next_value = np.array(b.last_values, dtype=np.float64)  # per env: the value after its latest transition seen
     trace = np.zeros_like(next_value)  # per env: the advantage of its next transition
-    advantages = np.zeros_like(values)
-    for t in reversed(range(rewards.shape[0])):
-        env = slice(None) if env_ids is None else env_ids[t]
-        after = np.where(dones[t], final_values[t], next_value[env]) * (1.0 - terminated[t])
-        delta = rewards[t] + gamma * after - values[t]
-        trace[env] = delta + (1.0 - dones[t]) * (gamma * gae_lambda) * trace[env]
+    advantages = np.zeros_like(b.values)
+    for t in reversed(range(b.rewards.shape[0])):
+        env = slice(None) if b.env_ids is None else b.env_ids[t]
+        after = np.where(b.dones[t], b.final_values[t], next_value[env]) * (1.0 - b.terminated[t])
+        delta = b.rewards[t] + gamma * after - b.values[t]
+        trace[env] = delta + (1.0 - b.dones[t]) * (gamma * gae_lambda) * trace[env]
         advantages[t] = trace[env]
-        next_value[env] = values[t]
+        next_value[env] = b.values[t]
     return advantages
 
 
@@ -302,14 +264,14 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     (they win over a resumed run's saved arguments)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
-    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="ppo") as run:
+    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="ppo", lag_worker="sampler thread") as run:
         args, dist, device, family = run.args, run.dist, run.device, run.family
         batch_size = args.num_envs * args.num_steps  # global, over all ranks
         local_batch_size = run.local_num_envs * args.num_steps
         local_minibatch_size = local_batch_size // args.num_minibatches  # each rank's 1/W of a global minibatch
         num_iterations = args.total_timesteps // batch_size
 
-        async_batch = local_async_batch(args, run.local_num_envs)  # None: every env each step
+        async_batch = local_async_batch(args.async_batch, args.num_envs, run.local_num_envs)  # None: every env each step
         envs = run.make_envs(async_batch=async_batch)
         obs_shape = envs.single_observation_space.shape
         agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
@@ -348,8 +310,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
 
             # ---------------------------------------------------------------- advantage
             with log.timer.learn:
-                buffer.advantages[:] = gae(buffer.rewards, buffer.values, buffer.terminated, buffer.dones, buffer.final_values,
-                                           buffer.last_values, args.gamma, args.gae_lambda, buffer.env_ids)
+                buffer.advantages[:] = gae(buffer, args.gamma, args.gae_lambda)
                 buffer.returns[:] = buffer.advantages + buffer.values
 
             # ---------------------------------------------------------------- update
@@ -388,9 +349,4 @@ def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     """The trained policy as ``obs -> action``, with the saved normalisation statistics frozen."""
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space, impala=state.get("family") == "procgen")
     agent.load_state_dict(state["model"])
-    obs_norm = None
-    if "obs_rms" in state:
-        obs_norm = ObsNormalizer(envs.single_observation_space.shape)
-        obs_norm.rms.load_state_dict(state["obs_rms"])
-        obs_norm.frozen = True
-    return policy_fn(agent, envs, deterministic, obs_norm)
+    return policy_fn(agent, envs, deterministic, obs_rms=state.get("obs_rms"))

@@ -66,7 +66,7 @@ def make_vector_env(
     if backend == "auto":
         from fleetrl.envs.auto import choose_backend
 
-        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None)
+        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None, async_batch=async_batch)
         backend, reason, cost = choice.backend, f"auto: {choice.reason}", choice.cost
         check_flags(num_envs, backend, env_workers, env_threads)
     if video_dir and backend not in ("sync", "async", "gym-sync", "gym-async"):
@@ -75,7 +75,7 @@ def make_vector_env(
     stepping = None
     if backend == "async":
         stepping = plan_stepping(env_id, family, num_envs, cores, cost, env_workers, env_threads,
-                                 per_core_workers=threads.env_workers if threads is not None else None)
+                                 per_core_workers=threads.env_workers if threads is not None else None, async_batch=async_batch)
         workers = stepping.workers
     else:
         workers = min(env_workers or (threads.env_workers if threads is not None else cores), num_envs)

@@ -47,8 +47,11 @@ def choose_backend(
     num_envs: int,
     cores: int | None = None,
     need_frames: bool = False,
+    async_batch: int | None = None,
 ) -> BackendChoice:
-    """``need_frames``: video capture renders Python envs, so the C++ backends are left out."""
+    """``need_frames``: video capture renders Python envs, so the C++ backends are left out. ``async_batch`` below
+    ``num_envs`` (first-ready batches) needs a backend that returns the first envs ready: async, or for Atari EnvPool
+    (ale only when the batch is half the envs)."""
     from fleetrl.envs.native import native_backend_support
 
     cores = cores or available_cores()
@@ -56,13 +59,17 @@ def choose_backend(
     native = native_backend_support(env_id, family.name) if family.name == "atari" and not need_frames else {}
     if family.name == "procgen":
         return BackendChoice("envpool", "Procgen envs exist only in EnvPool")
+    first_ready = async_batch is not None and async_batch < num_envs
     if family.name == "atari":
-        installed = [b for b in ATARI_CANDIDATES if native.get(b)]
+        installed = [b for b in ATARI_CANDIDATES if native.get(b) and (not first_ready or b == "envpool" or 2 * async_batch == num_envs)]
         if installed:
             missing = "" if len(installed) == 2 else f"; {next(b for b in ATARI_CANDIDATES if b not in installed)} cannot run it here"
             return BackendChoice(installed[0], f"Atari: a C++ vector, about 2x the Python wrappers; {installed[0]} whatever the load, "
                                                f"since ale and envpool differ in the data they give{missing} (docs/backends.md)")
     cost = measure_step(env_id, family)
+    if first_ready:
+        return BackendChoice("async", f"{cost.describe()}; --async-batch {async_batch} needs worker processes that return the first "
+                                      f"envs ready", cost=cost)
     if cost.wall_us >= ASYNC_MIN_STEP_US and cores >= 2 and num_envs >= 2:
         return BackendChoice("async", f"{cost.describe()} (>= {ASYNC_MIN_STEP_US:.0f} us): worker processes pay off", cost=cost)
     if cost.wall_us >= ASYNC_MIN_STEP_US and cost.cpu_share < WAITS_BELOW and num_envs >= 2:

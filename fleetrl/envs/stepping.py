@@ -66,11 +66,25 @@ def check_flags(num_envs: int, backend: str, workers: int | None, threads: int |
 
 def plan_stepping(env_id: str, family: EnvFamily, num_envs: int, cores: int, cost: StepCost | None = None,
                   workers: int | None = None, threads: int | None = None, per_core_workers: int | None = None,
-                  free_memory: int | None = None) -> SteppingPlan:
+                  free_memory: int | None = None, async_batch: int | None = None) -> SteppingPlan:
     """The workers and threads for ``num_envs`` envs on ``cores`` cores. ``cost``: the step measured already (by the
     auto backend's probe), else measured here unless both flags are given; ``workers``/``threads``: the flags;
     ``per_core_workers``: the thread plan's workers for an env that computes (default one per core, at most one per env)."""
     check_flags(num_envs, "async", workers, threads)
+    plan = _plan(env_id, family, num_envs, cores, cost, workers, threads, per_core_workers, free_memory)
+    if async_batch is None or async_batch == num_envs or workers is not None:
+        return plan
+    # first-ready batches of K return whole worker groups: the fewest more workers whose groups divide K
+    fits = next(w for w in range(plan.workers, num_envs + 1) if num_envs % w == 0 and async_batch % (num_envs // w) == 0)
+    if fits == plan.workers:
+        return plan
+    threads = max(1, min(plan.threads, num_envs // fits))
+    return SteppingPlan(fits, threads, f"{plan.reason}; {fits} workers, so that --async-batch {async_batch} is whole worker groups",
+                        plan.cost)
+
+
+def _plan(env_id: str, family: EnvFamily, num_envs: int, cores: int, cost: StepCost | None, workers: int | None,
+          threads: int | None, per_core_workers: int | None, free_memory: int | None) -> SteppingPlan:
     if workers is not None and threads is not None:
         return SteppingPlan(workers, threads, "--env-workers and --env-threads", cost)
     cost = cost or measure_step(env_id, family)

@@ -43,6 +43,7 @@ import gymnasium as gym
 import numpy as np
 
 from fleetrl.envs.wrappers import set_env_index
+from fleetrl import config
 from fleetrl.errors import FleetError
 
 
@@ -209,3 +210,35 @@ def episode_stats(info: dict[str, Any]) -> list[tuple[float, int]]:
         return []
     mask = info["_episode"]
     return list(zip(info["episode"]["r"][mask].tolist(), info["episode"]["l"][mask].tolist()))
+
+
+FIRST_READY_BACKENDS = ("async", "envpool", "ale", "auto")  # the backends whose recv() can return the first envs ready
+
+
+def check_async_batch(num_envs: int, async_batch: int | None, backend: str, workers: int | None = None) -> None:
+    """The one rule of ``--async-batch`` K, first-ready batches of K of a process's ``num_envs`` envs: K divides the
+    envs, and the backend returns batches of that size (async: whole worker groups, so with ``workers`` given K is a
+    multiple of the envs each steps; ale: its two fixed halves; EnvPool: at most half the envs, since an env that ends
+    an episode takes its reset step before it is returned). ``auto`` picks a backend that can."""
+    k, n = async_batch, num_envs
+    if k is None or k == n:
+        return
+    divisors = config.divisors(n, most=4096)
+    if not 1 <= k <= n or n % k:
+        raise FleetError(f"--async-batch {k} must divide --num-envs {n} (this process's envs): a rollout holds --num-envs x "
+                         f"--num-steps transitions, received K at a time. Choose one of {divisors[:12]}, or leave it out.")
+    if backend not in FIRST_READY_BACKENDS:
+        raise FleetError(f"--async-batch {k} needs a backend that returns the first envs ready, and --env-backend {backend} steps "
+                         f"all {n} together. Use --env-backend async or envpool (or auto), or leave --async-batch out.")
+    if backend == "ale" and 2 * k != n:
+        raise FleetError(f"The ale backend returns envs in two fixed halves at most, so --async-batch must be {n // 2} with "
+                         f"--num-envs {n}, got {k}. For first-ready batches of other sizes use --env-backend envpool or async.")
+    if backend == "envpool" and k > n // 2:
+        raise FleetError(f"EnvPool's first-ready batches are at most half the envs (an env that ends an episode takes one more "
+                         f"step, its reset, before it is returned), so --async-batch {k} of --num-envs {n} cannot run. Choose one "
+                         f"of {[d for d in divisors if d <= n // 2]}, or use --env-backend async.")
+    if backend == "async" and workers is not None and (n % workers or k % (n // workers)):
+        per_worker = f"{n / workers:g}"
+        raise FleetError(f"--async-batch {k} must be a multiple of the envs each of the {workers} env workers steps ({per_worker}): a "
+                         f"worker's envs become ready together. Leave --env-workers out (the plan picks a count that fits), or "
+                         f"choose --env-workers among {[w for w in divisors if k % (n // w) == 0][:12]}.")

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from fleetrl.envs import episode_stats
+from fleetrl.envs.vector import check_async_batch
 from fleetrl.errors import FleetError
 from fleetrl.monitor.timing import PhaseTimer
 from fleetrl.nets import network_obs_dtype
@@ -138,7 +139,7 @@ class Sampler:
         acting_threads: int = ACTING_THREADS,
         verbose: bool = False,
     ):
-        check_sampling_flags(envs.num_envs, async_batch, policy_lag, actor_device)
+        check_actor_device(actor_device)
         self.envs, self.agent, self.timer, self.rollout = envs, agent, timer, rollout
         self.num_envs, self.num_steps = envs.num_envs, num_steps
         self.lagged = policy_lag == 1
@@ -266,12 +267,9 @@ class Sampler:
         n = self.num_envs
         everyone = [slice(0, n)]
         if async_batch is not None and async_batch < n:
-            if getattr(self.envs, "async_batch", n) != async_batch:
-                raise FleetError(
-                    f"--async-batch {async_batch} needs a backend that returns the first envs ready; the "
-                    f"{getattr(self.envs, 'backend', type(self.envs).__name__)} backend steps all {n} together. "
-                    f"Use --env-backend async or envpool (or leave --async-batch out)."
-                )
+            if getattr(self.envs, "async_batch", n) != async_batch:  # envs built without first-ready batches (or others)
+                check_async_batch(n, async_batch, "sync" if getattr(self.envs, "async_batch", n) == n else "async")
+                raise FleetError(f"The envs return first-ready batches of {self.envs.async_batch}, not --async-batch {async_batch}.")
             return "first-ready", everyone, f"first-ready batches of {async_batch} of {n} envs"
         if split is False or n < 2 or async_batch == n:
             why = " (--async-batch = --num-envs)" if async_batch == n else " (one env)" if n < 2 else ""
@@ -499,16 +497,7 @@ class Sampler:
                 dst.copy_(src, non_blocking=False)
 
 
-def check_sampling_flags(num_envs: int, async_batch: int | None, policy_lag: int, actor_device: str) -> None:
-    """Refuse sampling settings that cannot run, naming the fix."""
-    if async_batch is not None and not (1 <= async_batch <= num_envs and num_envs % async_batch == 0):
-        raise FleetError(
-            f"--async-batch {async_batch} must divide --num-envs {num_envs}: a rollout holds --num-envs x --num-steps "
-            f"transitions, received K at a time. Choose one of {[k for k in range(1, num_envs + 1) if num_envs % k == 0]}, "
-            f"or leave it out."
-        )
-    if policy_lag not in (0, 1):
-        raise FleetError(f"--policy-lag must be 0 (every rollout uses the newest weights) or 1, got {policy_lag}.")
+def check_actor_device(actor_device: str) -> None:
     if actor_device not in ACTOR_DEVICES:
         raise FleetError(f"Unknown --actor-device {actor_device!r}; choose one of: {', '.join(ACTOR_DEVICES)}.")
 
@@ -527,14 +516,14 @@ def _torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def local_async_batch(args: Any, local_num_envs: int) -> int | None:
+def local_async_batch(async_batch: int | None, num_envs: int, local_num_envs: int) -> int | None:
     """This process's share of ``--async-batch`` (a share of ``--num-envs`` under torchrun, as the envs are)."""
-    if args.async_batch is None:
+    if async_batch is None:
         return None
-    batch, rest = divmod(args.async_batch * local_num_envs, args.num_envs)
+    batch, rest = divmod(async_batch * local_num_envs, num_envs)
     if rest or batch < 1:
         raise FleetError(
-            f"--async-batch {args.async_batch} of --num-envs {args.num_envs} does not split evenly over the processes "
+            f"--async-batch {async_batch} of --num-envs {num_envs} does not split evenly over the processes "
             f"({local_num_envs} envs here); choose --num-envs and --async-batch that both divide by the process count."
         )
     return batch

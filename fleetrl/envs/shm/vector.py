@@ -47,6 +47,7 @@ from fleetrl.cores import available_cores
 from fleetrl.envs.shm.layout import make_layout, map_views
 from fleetrl.envs.shm.supervisor import Supervisor, Worker
 from fleetrl.envs.shm.worker import RESET, STEP
+from fleetrl.envs.vector import check_async_batch
 from fleetrl.errors import FleetError
 
 DEFAULT_MAX_RESTARTS = 10
@@ -126,7 +127,7 @@ class SharedMemoryVectorEnv:
         if int(threads) < 1:
             raise FleetError(f"threads={threads} must be at least 1 (1: each worker steps its envs one after another).")
         self.async_batch = n if async_batch is None else int(async_batch)
-        self._check_async_batch()
+        check_async_batch(n, self.async_batch, "async", num_workers)
         self.start_method = start_method or default_start_method()
         if self.start_method not in mp.get_all_start_methods():
             raise FleetError(
@@ -311,26 +312,6 @@ class SharedMemoryVectorEnv:
         )
 
     # ---- internals -------------------------------------------------------------------------------
-
-    def _check_async_batch(self) -> None:
-        n, w, b = self.num_envs, self.num_workers, self.async_batch
-        if not 1 <= b <= n:
-            raise FleetError(f"async_batch={b} must be between 1 and num_envs={n}.")
-        if b == n:
-            return
-        if n % w:
-            raise FleetError(
-                f"async_batch={b} < num_envs={n} needs equal worker groups, but {n} envs do not split evenly "
-                f"over {w} env workers; choose --env-workers dividing {n}."
-            )
-        per_worker = n // w
-        if b % per_worker:
-            choices = ", ".join(str(k) for k in range(per_worker, n + 1, per_worker))
-            raise FleetError(
-                f"async_batch={b} must be a multiple of the {per_worker} envs each worker steps "
-                f"(num_envs={n} / {w} env workers), since a worker's envs become ready together; "
-                f"use one of {choices}, or change --env-workers."
-            )
 
     def _check_open(self) -> None:
         if self._supervisor is None or self._supervisor.closed:
