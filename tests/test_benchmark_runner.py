@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from fleetrl.errors import FleetError
-from fleetrl.tools.benchmark import Run, check_command, run_command, split_command
+from fleetrl.tools.benchmark import Run, check_command, run_command
+from fleetrl.tools.processes import split_command
 
 from conftest import killed_on_exit, run_fleetrl
 

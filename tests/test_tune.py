@@ -25,7 +25,9 @@ from optuna.trial import TrialState  # noqa: E402
 from fleetrl import cli  # noqa: E402
 from fleetrl.checkpoint import load_checkpoint  # noqa: E402
 from fleetrl.monitor.tbread import read_scalars  # noqa: E402
-from fleetrl.tools.tune import EpisodeFollower, counted, open_storage, parse_storage, run_score, trial_score  # noqa: E402
+from fleetrl.tools.tune.score import EpisodeFollower, run_score, trial_score  # noqa: E402
+from fleetrl.tools.tune.storage import open_storage, parse_storage  # noqa: E402
+from fleetrl.tools.tune.study import counted  # noqa: E402
 
 from conftest import run_fleetrl, start_fleetrl  # noqa: E402
 
