@@ -29,7 +29,7 @@ from fleetrl.tools.tune.score import EpisodeFollower, run_score, trial_score  # 
 from fleetrl.tools.tune.storage import open_storage, parse_storage  # noqa: E402
 from fleetrl.tools.tune.study import counted  # noqa: E402
 
-from conftest import run_fleetrl, start_fleetrl  # noqa: E402
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl  # noqa: E402
 
 # 8 iterations of 2 envs x 128 steps: a trial costs a few seconds, mostly the trainer's start
 TINY = ["fleetrl", "train", "ppo", "--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"]
@@ -255,6 +255,7 @@ def test_two_tuners_share_one_postgresql_study_without_losing_or_duplicating_tri
 
 # ---- a stopped or killed tuner ------------------------------------------------------------------
 
+KILLED_TUNER_RUNS_END_S = 10  # the watcher's 0.5 s poll, then the iteration under way, a checkpoint and the envs' close
 LONG = ["fleetrl", "train", "ppo", "--total-timesteps", "500000", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"]
 
 
@@ -304,6 +305,33 @@ def test_a_killed_tuners_trial_is_failed_as_stale_by_the_next_tuner_and_run_agai
     study = load(storage)
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL], rerun.stdout  # stale, then the retry's timeout
     assert study.trials[1].user_attrs["retry_of"] == 0 and study.trials[1].params == stale.params
+
+
+@pytest.mark.slow
+def test_a_tuner_killed_by_sigkill_leaves_no_process_of_its_trials_behind(tmp_path):
+    """Each run watches its tuner (fleetrl/parent_watch.py): a tuner killed outright stops nothing itself, yet the trainers
+    of its running trials, started from its worker threads, end within seconds with a checkpoint, and their env workers
+    with them."""
+    out = tmp_path / "out"
+    command = [*LONG[:-1], "async"]  # env worker processes in each run's group, besides the trainer
+    tuner = start_fleetrl(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--out", str(out), command=command))
+    with killed_on_exit(tuner):
+        wait_for(lambda: len(list(out.glob("trial_000[01]/*/events.out.tfevents.*"))) == 2, 180, "both trials' runs to log")
+        trainers = [p for p in trainers_in(out) if p.pid != tuner.pid]
+        assert len(trainers) == 2, trainers
+        procs = [*trainers, *(child for trainer in trainers for child in trainer.children(recursive=True))]
+        tuner.kill()
+        killed = time.monotonic()
+        tuner.communicate(timeout=30)
+        _, left = psutil.wait_procs(procs, timeout=30)
+        took = time.monotonic() - killed
+        for proc in left:
+            proc.kill()
+    assert not left, f"{len(left)} of the trials' {len(procs)} processes outlived their tuner by 30 s"
+    print(f"the trials' {len(procs)} processes ended {took:.1f} s after their tuner was killed")
+    assert took < KILLED_TUNER_RUNS_END_S, f"the trials' processes took {took:.1f} s to end after their tuner was killed"
+    for log in out.glob("trial_000[01]/*.log"):
+        assert "SIGTERM received: writing a checkpoint" in log.read_text()  # stopped by the watcher, as a scheduler stops a run
 
 
 # ---- the score ----------------------------------------------------------------------------------
