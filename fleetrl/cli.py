@@ -49,14 +49,15 @@ def _eval(argv: list[str]) -> None:
 
 
 def _benchmark(argv: list[str]) -> None:
-    from fleetrl.tools.benchmark import DESCRIPTION, BenchmarkArgs, run_benchmark, split_command
+    from fleetrl.tools.benchmark import DESCRIPTION, BenchmarkArgs, run_benchmark
+    from fleetrl.tools.processes import split_command
 
     flags, command = split_command(argv)
     run_benchmark(tyro.cli(BenchmarkArgs, args=flags, prog="fleetrl benchmark", description=DESCRIPTION), command)
 
 
 def _tune(argv: list[str]) -> None:
-    from fleetrl.tools.benchmark import split_command
+    from fleetrl.tools.processes import split_command
     from fleetrl.tools.tune import DESCRIPTION, TuneArgs, run_tune
 
     flags, command = split_command(argv)

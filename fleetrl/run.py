@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from fleetrl import checkpoint, config, runtime
+from fleetrl import checkpoint, config, parent_watch, runtime
 from fleetrl.cores import available_cores
 from fleetrl.args import DIST_TIMEOUT
 from fleetrl.distributed import Dist, init_distributed, launched_by_torchrun, rank_seed, split_evenly
@@ -270,6 +270,7 @@ class Run:
             return  # signals reach the main thread only; a run started from another thread keeps the defaults
         for signum in STOP_SIGNALS:
             self._old_handlers[signum] = signal.signal(signum, self._on_signal)
+        parent_watch.watch_parent()  # a tool's run gets SIGTERM when its tool is gone (killed too), and stops here
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._signal == signal.SIGINT and signum == signal.SIGINT:

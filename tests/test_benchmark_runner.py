@@ -4,15 +4,18 @@ and the Slurm array script runs the same grid."""
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from fleetrl.errors import FleetError
-from fleetrl.tools.benchmark import Run, check_command, run_command, split_command
+from fleetrl.tools.benchmark import Run, check_command, run_command
+from fleetrl.tools.processes import split_command
 
-from conftest import killed_on_exit, run_fleetrl
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl
 
 TINY_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "1024"]
 # a command that only prints the arguments the runner appended, so the grid costs no training
@@ -32,6 +35,51 @@ for step in range(1, 11):
     writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
 writer.close()
 """]
+
+
+# a run that starts a worker process of its own, as a trainer starts env workers, writes both pids to its --run-dir and
+# waits; on SIGTERM it ends its worker and exits, as a trainer does. With --leave-worker, SIGTERM ends the run alone, so
+# only a signal to its process group ends the worker. With --ignore-term it ignores SIGTERM, so only a SIGKILL of its
+# process group ends it, and the parent watcher kills it 1 s after its tool is gone instead of 30.
+WITH_WORKER = [sys.executable, "-c", """import os, signal, subprocess, sys, time
+from pathlib import Path
+from fleetrl import parent_watch
+if "--ignore-term" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent_watch.KILL_AFTER_S = 1.0
+parent_watch.watch_parent()
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+if "--ignore-term" not in sys.argv and "--leave-worker" not in sys.argv:
+    signal.signal(signal.SIGTERM, lambda *_: (worker.terminate(), sys.exit(143)))
+run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
+run_dir.mkdir(parents=True)
+(run_dir / "pids.tmp").write_text(f"{os.getpid()} {worker.pid}")
+os.replace(run_dir / "pids.tmp", run_dir / "pids")
+time.sleep(600)
+"""]
+
+
+def started_processes(run_dir, timeout: float = 60) -> list:
+    """The run's process and its worker, once the run has written their pids."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "pids").exists():
+        assert time.monotonic() < deadline, f"no run wrote {run_dir / 'pids'} within {timeout} s"
+        time.sleep(0.1)
+    return [psutil.Process(int(pid)) for pid in (run_dir / "pids").read_text().split()]
+
+
+def seconds_until_gone(procs: list, timeout: float) -> float:
+    """How long the processes took to end; an AssertionError (after killing them) if some outlive ``timeout``."""
+    import psutil
+
+    start = time.monotonic()
+    gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        proc.kill()
+    assert not alive, f"still running {timeout} s later: {[p.pid for p in alive]}"
+    return time.monotonic() - start
 
 
 def summary_rows(out):
@@ -225,3 +273,28 @@ def test_a_tiny_real_benchmark_prints_the_interval_summary(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| CartPole-v1 | return | 2 |" in proc.stdout and "IQM [95% CI]" in proc.stdout
     assert (out / "intervals.csv").exists()
+
+
+def test_a_stopped_benchmark_ends_each_runs_whole_process_group_not_only_its_leader(tmp_path):
+    out = tmp_path / "bench"
+    runner = start_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out), "--",
+                           *WITH_WORKER, "--leave-worker")
+    with killed_on_exit(runner):
+        procs = [p for seed in (1, 2) for p in started_processes(out / f"CartPole-v1__{seed}")]
+        runner.send_signal(signal.SIGTERM)  # as Ctrl-C: the runner stops its runs, then exits
+        output = runner.communicate(timeout=60)[0]
+        assert runner.returncode != 0 and "Traceback" not in output, output
+        seconds_until_gone(procs, timeout=5)  # the workers too: SIGTERM went to each run's group
+
+
+@pytest.mark.parametrize("run_ignores_sigterm", [False, True])
+def test_a_benchmark_killed_by_sigkill_leaves_no_run_behind(tmp_path, run_ignores_sigterm):
+    out = tmp_path / "bench"
+    command = [*WITH_WORKER, *(["--ignore-term"] if run_ignores_sigterm else [])]
+    runner = start_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--", *command)
+    with killed_on_exit(runner):
+        procs = started_processes(out / "CartPole-v1__1")
+        runner.kill()  # no chance to stop anything: the run notices on its own (fleetrl/parent_watch.py)
+        runner.communicate(timeout=30)
+        # a run that obeys SIGTERM ends within the watcher's 0.5 s poll; one that ignores it is killed, group and all, 1 s later
+        seconds_until_gone(procs, timeout=10)

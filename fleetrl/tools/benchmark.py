@@ -9,7 +9,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -23,11 +22,22 @@ from fleetrl import config
 from fleetrl.cores import available_cores
 from fleetrl.errors import FleetError
 from fleetrl.tools import stats
+from fleetrl.tools.processes import (
+    child_env,
+    describe_exit,
+    has_flag,
+    log_tail,
+    resolve_command,
+    run_name,
+    signal_group,
+    start_run,
+    stop_runs,
+    train_args,
+)
+from fleetrl.tools.returns import FINAL_POINTS, RETURN_TAG, final_return
+from fleetrl.tools.slurm import shell_words, write_array_script
+from fleetrl.tools.text import markdown_table, plural, print_table
 
-RETURN_TAG = "charts/episodic_return"
-FINAL_POINTS = 10  # the final return is the mean of this many last episodic returns
-LOG_TAIL_LINES = 20
-STOP_GRACE_S = 10.0  # after Ctrl-C, how long runs get to exit on their own before they are killed
 RUNNER_FLAGS = ("--env-id", "--seed", "--run-dir")  # the runner appends these to every run
 
 
@@ -67,8 +77,8 @@ class Run:
 
     @property
     def name(self) -> str:
-        """The run's folder, log and status name: ``{env}__{seed}``, with '/' and ':' made path-safe."""
-        return f"{config.path_safe(self.env_id)}__{self.seed}"
+        """The run's folder, log and status name."""
+        return run_name(self.env_id, self.seed)
 
 
 @dataclass
@@ -87,34 +97,10 @@ class Result:
 # ---- the command each run executes ------------------------------------------------------------
 
 
-def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The runner's own flags, and the base command after the first ``--``."""
-    if "--" not in argv:
-        return argv, []
-    cut = argv.index("--")
-    return argv[:cut], argv[cut + 1 :]
-
-
-def resolve_command(base: list[str]) -> list[str]:
-    """A leading ``fleetrl`` runs as ``python -m fleetrl`` with this interpreter, so it works from a venv
-    whose scripts are not on PATH; any other command runs as given."""
-    if base and base[0] == "fleetrl":
-        return [sys.executable, "-m", "fleetrl", *base[1:]]
-    return list(base)
-
-
-def is_fleetrl_train(base: list[str]) -> bool:
-    return base[:2] == ["fleetrl", "train"] or base[1:4] == ["-m", "fleetrl", "train"]
-
-
-def has_flag(command: list[str], flag: str) -> bool:
-    return any(token == flag or token.startswith(flag + "=") for token in command)
-
-
 def train_extras(base: list[str], threads: str) -> list[str]:
     """Flags added to a `fleetrl train` command: a thread count that fits the pool, and `--resume auto`
     so a run interrupted earlier continues from its newest checkpoint instead of mixing two curves."""
-    if not is_fleetrl_train(base):
+    if train_args(base) is None:
         return []
     extras = [] if has_flag(base, "--torch-threads") else ["--torch-threads", threads]
     return extras + ([] if has_flag(base, "--resume") else ["--resume", "auto"])
@@ -122,12 +108,6 @@ def train_extras(base: list[str], threads: str) -> list[str]:
 
 def run_command(base: list[str], run: Run, out: Path, threads: int) -> list[str]:
     return [*resolve_command(base), *train_extras(base, str(threads)), "--env-id", run.env_id, "--seed", str(run.seed), "--run-dir", str(out / run.name)]
-
-
-def child_env(threads: int) -> dict[str, str]:
-    """Each worker's BLAS/OpenMP pools sized to its share of the cores: N runs that each take every core
-    slow each other down several times over."""
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 # ---- per-run status, so a rerun skips what finished ---------------------------------------------
@@ -150,48 +130,6 @@ def write_status(path: Path, status: dict) -> None:
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(json.dumps(status) + "\n")
     os.replace(tmp, path)
-
-
-# ---- reading results back ----------------------------------------------------------------------
-
-
-def final_return(run_dir: Path, last: int = FINAL_POINTS) -> float | None:
-    """Mean of the last ``last`` episodic returns the run logged, or None if it logged none."""
-    if not run_dir.is_dir():
-        return None
-    from fleetrl.monitor.tbread import read_scalars  # tensorboard is slow to import; only when needed
-
-    return mean_of_last(read_scalars(run_dir, RETURN_TAG), last)
-
-
-def mean_of_last(points: list, last: int = FINAL_POINTS) -> float | None:
-    """A run's final return from its ``RETURN_TAG`` points (tbread.Point), or None if there are none."""
-    return float(np.mean([p.value for p in points[-last:]])) if points else None
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))  # a long log's end is all we need
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return []
-    # a live progress bar rewrites its line with '\r'; keep the last state of each line
-    return [line.rsplit("\r", 1)[-1] for line in text.splitlines()[-lines:]]
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
 
 
 # ---- running the grid ---------------------------------------------------------------------------
@@ -251,45 +189,29 @@ def finished_runs(runs: list[Run], out: Path, base: list[str]) -> set[Run]:
 
 
 def execute(run: Run, base: list[str], out: Path, threads: int, stop: threading.Event, running: dict[Run, subprocess.Popen], lock: threading.Lock) -> Result | None:
-    """One run in a subprocess, its stdout and stderr in OUT/logs/{name}.log; None if the benchmark was stopped first."""
+    """One run in a process group of its own, its stdout and stderr in OUT/logs/{name}.log; None if the benchmark was
+    stopped first."""
     if stop.is_set():
         return None
-    command = run_command(base, run, out, threads)
     log_path = out / "logs" / f"{run.name}.log"
     start = time.perf_counter()
-    with open(log_path, "w") as log:
-        log.write(f"$ {shlex.join(command)}\n")  # the exact command, to rerun one run by hand
-        log.flush()
-        try:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(threads))
-        except OSError as exc:
+    try:
+        proc = start_run(run_command(base, run, out, threads), log_path, child_env(threads))
+    except OSError as exc:
+        with open(log_path, "a") as log:
             log.write(f"fleetrl benchmark: could not start the command: {exc}\n")
-            returncode = 127  # the shell's code for a command that cannot run
-        else:
-            with lock:
-                running[run] = proc
-            if stop.is_set():  # stopped while this run was starting
-                proc.terminate()
-            returncode = proc.wait()
-            with lock:
-                running.pop(run, None)
+        returncode = 127  # the shell's code for a command that cannot run
+    else:
+        with lock:
+            running[run] = proc
+        if stop.is_set():  # stopped while this run was starting
+            signal_group(proc, signal.SIGTERM)
+        returncode = proc.wait()
+        with lock:
+            running.pop(run, None)
     wall_s = time.perf_counter() - start
     write_status(status_path(out, run), {"env_id": run.env_id, "seed": run.seed, "ok": returncode == 0, "returncode": returncode, "wall_s": round(wall_s, 3), "command": base})
     return Result(run, returncode, wall_s)
-
-
-def stop_runs(running: dict[Run, subprocess.Popen], lock: threading.Lock) -> None:
-    """Ctrl-C: the runs get SIGTERM, a grace period to exit on their own, then SIGKILL."""
-    with lock:
-        procs = list(running.values())
-    for proc in procs:
-        proc.terminate()
-    deadline = time.monotonic() + STOP_GRACE_S
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def run_grid(runs: list[Run], base: list[str], out: Path, workers: int, threads: int) -> list[Result]:
@@ -310,7 +232,9 @@ def run_grid(runs: list[Run], base: list[str], out: Path, workers: int, threads:
     except KeyboardInterrupt:
         stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
-        stop_runs(running, lock)
+        with lock:
+            procs = list(running.values())
+        stop_runs(procs)  # each run's whole process group: the trainer and its env workers
         raise
     finally:
         if in_main:
@@ -377,27 +301,6 @@ def summary_cells(rows: list[dict]) -> list[list[str]]:
         wall = "-" if row["wall_s_mean"] is None else f"{row['wall_s_mean']:.1f}s"
         cells.append([row["env_id"], shown, str(row["seeds_ok"]), str(row["seeds_failed"]), wall])
     return cells
-
-
-def markdown_table(header: list[str], cells: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
-
-
-def print_table(header: list[str], cells: list[list[str]], title: str) -> None:
-    """A rich table on a terminal; the same table as plain markdown text in a log or a pipe."""
-    if not sys.stdout.isatty():
-        print(markdown_table(header, cells), flush=True)
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for i, column in enumerate(header):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for row in cells:
-        table.add_row(*row)
-    Console().print(table)
 
 
 def interval_summary(env_ids: list[str], results: list[Result], scales: dict, args: stats.StatsArgs) -> tuple[list[stats.IntervalRow], list[str]]:
@@ -518,21 +421,7 @@ def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
 
 SLURM_GRACE_S = 120  # the warning before the time limit: one iteration and a checkpoint fit well within it
 
-SLURM_SCRIPT = """#!/bin/bash
-# fleetrl benchmark as a Slurm job array: {n} tasks, one per env x seed. Submit with: sbatch {script}
-# A task skips a run that already finished. When the array is done, the same `fleetrl benchmark`
-# command without --slurm-template and with --out {out} writes the summary.
-#SBATCH --job-name=fleetrl-benchmark
-#SBATCH --array=0-{last}
-#SBATCH --cpus-per-task={cpus}
-#SBATCH --output={out}/logs/slurm_%A_%a.out
-# Preemption and time limits: Slurm signals this script (B:) {grace} s before the end; the run then writes a
-# checkpoint and stops, and the task is requeued; the requeued task resumes it (--resume auto).
-#SBATCH --requeue
-#SBATCH --signal=B:USR1@{grace}
-set -u
-: "${{SLURM_ARRAY_TASK_ID:?not set: submit with sbatch, or set SLURM_ARRAY_TASK_ID=0..{last} to run one task by hand}}"
-
+SLURM_TASKS = """
 # task i runs ENV_IDS[i] with SEEDS[i] in the folder NAMES[i]
 ENV_IDS=({env_ids})
 SEEDS=({seeds})
@@ -582,28 +471,21 @@ exit $RC
 
 
 def write_slurm_script(out: Path, base: list[str], runs: list[Run], cpus: int) -> Path:
-    out = out.resolve()  # array tasks may start in another working directory
-    command = [shlex.quote(token) for token in resolve_command(base)]
-    if base[0] == "fleetrl":
-        # the compute nodes usually share this filesystem; FLEETRL_PYTHON points elsewhere if not
-        command[0] = f'"${{FLEETRL_PYTHON:-{sys.executable}}}"'
-    command += train_extras(base, '"$THREADS"')
-    path = out / "benchmark.slurm"
-    path.write_text(
-        SLURM_SCRIPT.format(
-            n=len(runs),
-            grace=SLURM_GRACE_S,
-            last=len(runs) - 1,
-            cpus=cpus,
-            script=shlex.quote(str(path)),
-            out=out,
-            out_q=shlex.quote(str(out)),
-            env_ids=" ".join(shlex.quote(r.env_id) for r in runs),
-            seeds=" ".join(str(r.seed) for r in runs),
-            names=" ".join(shlex.quote(r.name) for r in runs),
-            command=" ".join(command),
-            command_json=shlex.quote(json.dumps(base)),
-        )
+    """OUT/benchmark.slurm: array task i runs the grid's run i, and requeues itself, checkpointed, when Slurm warns."""
+    out = out.resolve()
+    body = SLURM_TASKS.format(
+        env_ids=" ".join(shlex.quote(r.env_id) for r in runs),
+        seeds=" ".join(str(r.seed) for r in runs),
+        names=" ".join(shlex.quote(r.name) for r in runs),
+        out_q=shlex.quote(str(out)),
+        cpus=cpus,
+        command=" ".join([*shell_words(base), *train_extras(base, '"$THREADS"')]),
+        command_json=shlex.quote(json.dumps(base)),
     )
-    path.chmod(0o755)
-    return path
+    about = ("A task skips a run that already finished. When the array is done, the same `fleetrl benchmark`",
+             f"command without --slurm-template and with --out {out} writes the summary.")
+    directives = (f"# Preemption and time limits: Slurm signals this script (B:) {SLURM_GRACE_S} s before the end; the run then writes a",
+                  "# checkpoint and stops, and the task is requeued; the requeued task resumes it (--resume auto).",
+                  "#SBATCH --requeue",
+                  f"#SBATCH --signal=B:USR1@{SLURM_GRACE_S}")
+    return write_array_script(out, "benchmark", len(runs), cpus, f"{len(runs)} tasks, one per env x seed.", body, about, directives)

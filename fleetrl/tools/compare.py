@@ -13,9 +13,10 @@ import tyro
 from fleetrl import config
 from fleetrl.errors import FleetError
 from fleetrl.tools import stats
-from fleetrl.tools.benchmark import FINAL_POINTS, RETURN_TAG, markdown_table, mean_of_last, plural, print_table
 from fleetrl.tools.plot import EVENTS_PREFIX, RunInfo, common_grid, curve_of, find_runs, parse_run_name, smooth
+from fleetrl.tools.returns import FINAL_POINTS, RETURN_TAG, mean_of_last
 from fleetrl.tools.scores import Scale, env_scales
+from fleetrl.tools.text import markdown_table, plural, print_table
 
 CURVE_POINTS = 20  # steps at which the sample-efficiency curves are estimated; each is a bootstrap over every run
 PROFILE_POINTS = 101  # thresholds of the performance profiles

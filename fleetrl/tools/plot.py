@@ -14,7 +14,7 @@ import tyro
 
 from fleetrl import config
 from fleetrl.errors import FleetError
-from fleetrl.tools.benchmark import plural
+from fleetrl.tools.text import plural
 
 EVENTS_PREFIX = "events.out.tfevents."
 GRID_POINTS = 500  # points of the common x grid the seeds are averaged on; enough for a smooth line
