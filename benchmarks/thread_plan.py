@@ -124,7 +124,7 @@ def overlap(torch_threads: int, seconds: float) -> dict[str, float]:
 
     def learn() -> None:
         while not stop.is_set():
-            logprob, entropy, value = learner.evaluate(batch.float() / 255.0, actions)
+            logprob, entropy, value = learner.evaluate({"obs": batch.float() / 255.0, "actions": actions})
             loss = -(logprob.mean() + 0.01 * entropy.mean()) + 0.5 * value.pow(2).mean()
             optimizer.zero_grad()
             loss.backward()

@@ -214,7 +214,7 @@ def _time_training_steps(model: nn.Module, settings: list[Accel], example_obs: t
     for _ in range(1 + PROBE_STEPS):  # the first round warms up and is not counted
         for s, probe in probes.items():
             t0 = time.perf_counter()
-            out, value = probe(example_obs)
+            out, value = probe(example_obs)[:2]  # (a recurrent agent also returns its state)
             loss = out.logsumexp(-1).mean() + value.square().mean()
             optimizers[s].zero_grad()
             loss.backward()

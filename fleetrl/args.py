@@ -127,12 +127,15 @@ class OnPolicyArgs(CommonArgs):
     """network precision: fp32, bf16 (autocast around the network only), or auto (bf16 where native and measured faster)"""
     compile: bool = False
     """wrap the learner step (loss, forward and backward) in torch.compile; falls back to eager with a warning if it fails"""
+    frame_stack: int | None = None
+    """Atari: frames stacked in an observation [4; ppo_lstm 1, its LSTM remembers]"""
 
 
 ONPOLICY_RANGES = {
     **COMMON_RANGES,
     "async_batch": config.count("envs returned per step", optional=True, hint="Leave it out for the default sampling."),
     "policy_lag": config.count("0: every rollout uses the newest weights; 1: one update behind", low=0, high=1),
+    "frame_stack": config.count("Atari frames stacked in an observation", high=16, optional=True),
 }
 
 

@@ -54,7 +54,7 @@ def evaluate(args: EvalArgs) -> dict:
     video_dir = str(run_dir / "videos_eval") if args.capture_video else None
     # one env, without the training-only wrappers (episodic life, reward clipping)
     envs = make_vector_env(train_args["env_id"], 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"),
-                           video_dir=video_dir, every_episode=True)
+                           video_dir=video_dir, every_episode=True, frame_stack=train_args.get("frame_stack"))
     returns, lengths = [], []
     try:
         try:
@@ -63,8 +63,10 @@ def evaluate(args: EvalArgs) -> dict:
             raise FleetError(f"The network in {path} does not fit {train_args['env_id']} ({str(exc).splitlines()[0]}). "
                              f"The checkpoint is damaged or was edited: evaluate another checkpoint of its run.") from None
         obs, _ = envs.reset(seed=args.seed)
+        starts = np.ones(envs.num_envs, bool)  # a recurrent policy starts each episode from a fresh state
         while len(returns) < args.episodes:
-            obs, _, _, _, info = envs.step(policy(obs))
+            obs, _, terminated, truncated, info = envs.step(policy(obs, starts))
+            starts = terminated | truncated
             for episode_return, length in episode_stats(info):
                 returns.append(episode_return)
                 lengths.append(length)

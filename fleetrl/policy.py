@@ -1,7 +1,8 @@
 """The policy interface: what acting and evaluation call, the same for every algorithm.
 
 A trained network that acts implements :class:`Policy`: ``act(x, deterministic)`` maps a batch of
-observations (as :func:`fleetrl.nets.network_input` makes them) to a batch of actions. Each algorithm's
+observations (as :func:`fleetrl.nets.network_input` makes them) to a batch of actions. A recurrent one (with
+``state_shape``) takes and returns its state too: ``act(x, deterministic, state, starts) -> (actions, state)``. Each algorithm's
 ``policy_from_checkpoint`` rebuilds its network and returns :func:`policy_fn` of it, which is what
 ``fleetrl eval`` and the video recorder run.
 """
@@ -38,11 +39,21 @@ def policy_fn(policy: Policy, envs, deterministic: bool = True, obs_rms: dict | 
     if isinstance(policy, torch.nn.Module):
         policy.eval()
 
-    def act(obs: np.ndarray) -> np.ndarray:
+    state_shape = getattr(policy, "state_shape", None)  # a recurrent policy: its state per env, carried through episodes
+    state = None if state_shape is None else torch.zeros((envs.num_envs, *state_shape))
+
+    def act(obs: np.ndarray, starts: np.ndarray | None = None) -> np.ndarray:
+        nonlocal state
         if obs_norm is not None:
             obs = obs_norm.normalize(obs)
+        x = torch.as_tensor(network_input(obs))
         with torch.inference_mode():
-            action = policy.act(torch.as_tensor(network_input(obs)), deterministic).cpu().numpy()
+            if state is None:
+                action = policy.act(x, deterministic)
+            else:  # ``starts``: the observations that begin an episode (the policy zeroes their state)
+                starts = torch.zeros(len(obs), dtype=torch.bool) if starts is None else torch.as_tensor(starts)
+                action, state = policy.act(x, deterministic, state, starts)
+        action = action.cpu().numpy()
         return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
 
     return act

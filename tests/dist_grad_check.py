@@ -27,7 +27,7 @@ def main(out_dir: str) -> None:
     obs = torch.as_tensor(rng.normal(size=(GLOBAL_BATCH, 4)))
     actions = torch.as_tensor(rng.integers(0, 2, GLOBAL_BATCH))
     with torch.no_grad():
-        logprobs, _, values = agent.evaluate(obs, actions)
+        logprobs, _, values = agent.evaluate({"obs": obs, "actions": actions})
     batch = {
         "obs": obs, "actions": actions,
         "logprobs": logprobs + torch.as_tensor(rng.normal(scale=0.3, size=GLOBAL_BATCH)),  # ratios away from 1: clipping is active

@@ -52,7 +52,7 @@ def test_numpy_actor_agrees_with_the_learner_for_discrete_and_continuous_agents(
         obs = np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32)
         action, logprob, value = actor.act(obs)
         with torch.no_grad():
-            lp, _, v = agent.evaluate(torch.as_tensor(obs), torch.as_tensor(action))
+            lp, _, v = agent.evaluate({"obs": torch.as_tensor(obs), "actions": torch.as_tensor(action)})
         np.testing.assert_allclose(logprob, lp.numpy(), atol=1e-5)
         np.testing.assert_allclose(value, v.numpy(), atol=1e-5)
         np.testing.assert_allclose(actor.value(obs), v.numpy(), atol=1e-5)

@@ -25,7 +25,7 @@ def minibatch(seed: int = 0) -> tuple[Agent, dict]:
     obs = torch.randn(32, 4)
     with torch.no_grad():
         actions = torch.randint(0, 2, (32,))
-        logprobs, _, values = agent.evaluate(obs, actions)
+        logprobs, _, values = agent.evaluate({"obs": obs, "actions": actions})
     mb = {"obs": obs, "actions": actions, "logprobs": logprobs + 0.3 * torch.randn(32), "advantages": 5 + 3 * torch.randn(32),
           "returns": values.flatten() + 2 * torch.randn(32), "values": values.flatten() + torch.randn(32)}
     return agent, mb
@@ -41,7 +41,7 @@ def test_no_norm_adv_and_no_clip_vloss_change_the_loss(flag):
     assert not torch.isclose(on[changed], off[changed]), f"--no-{flag.replace('_', '-')} must change the {changed}"
     assert torch.equal(on[kept], off[kept]) and not torch.isclose(on_loss, off_loss)
     if flag == "clip_vloss":  # unclipped: the plain squared error
-        assert off["value_loss"] == pytest.approx(0.5 * ((agent.evaluate(mb["obs"], mb["actions"])[2].flatten() - mb["returns"]) ** 2).mean().item())
+        assert off["value_loss"] == pytest.approx(0.5 * ((agent.evaluate(mb)[2].flatten() - mb["returns"]) ** 2).mean().item())
 
 
 def lr_steps(run_dir) -> list[float]:

@@ -66,7 +66,7 @@ def test_a_uint8_vector_env_fills_float32_storage_that_the_learner_takes():
         sampler.close()
     batch = buffer.flat()
     assert batch["obs"].dtype == torch.float32 and batch["obs"].max() > 1  # the byte values, unscaled
-    logprob, _, value = agent.evaluate(batch["obs"], batch["actions"])  # the first update's forward
+    logprob, _, value = agent.evaluate(batch)  # the first update's forward
     assert torch.isfinite(logprob).all() and torch.isfinite(value).all()
 
 

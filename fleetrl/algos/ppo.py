@@ -14,7 +14,7 @@ Differences from CleanRL, each on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -83,7 +83,7 @@ class Args(OnPolicyArgs):
 
 FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.py
     "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
-    "atari": dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01),
+    "atari": dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01, frame_stack=4),
     "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0, normalize=True),
     "procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, num_minibatches=8, update_epochs=3, clip_coef=0.2, ent_coef=0.01, gamma=0.999),
 }
@@ -162,9 +162,9 @@ class Agent(nn.Module):
         with autocast(x.device.type, self.compute_dtype):
             return self.critic(self.trunk(x)).float().squeeze(-1)
 
-    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Update: log-probability and entropy of the taken actions, and the value."""
-        out, value = self(x)
+    def evaluate(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Update: log-probability and entropy of a minibatch's actions, and the values of its observations."""
+        out, value, action = *self(mb["obs"]), mb["actions"]
         if self.continuous:
             logprob, entropy = gaussian_logprob_entropy(out, self.actor_logstd, action)
         else:
@@ -223,7 +223,7 @@ def ppo_loss(agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist: Dist) 
     Under torchrun each rank holds 1/W of the global minibatch; advantages are normalised with
     all-reduced figures, so the averaged gradient is the gradient of the global minibatch.
     """
-    newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
+    newlogprob, entropy, newvalue = agent.evaluate(mb)
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
 
@@ -258,13 +258,26 @@ def ppo_loss(agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist: Dist) 
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
+# ============================================================================ update
+def minibatches(batch: dict[str, torch.Tensor], num_steps: int, num_minibatches: int) -> Iterator[dict[str, torch.Tensor]]:
+    """One epoch of CleanRL's minibatches: the rollout's transitions shuffled, in ``num_minibatches`` slices."""
+    n = len(batch["obs"])
+    b_inds = torch.randperm(n, device=batch["obs"].device)
+    shuffled = {k: v[b_inds] for k, v in batch.items()}  # one gather per epoch; minibatches are views
+    for start in range(0, n, n // num_minibatches):
+        yield {k: v[start : start + n // num_minibatches] for k, v in shuffled.items()}
+
+
 # ============================================================================ training
-def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
+def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", family_defaults: dict = FAMILY_DEFAULTS,
+          validate: Callable = validate, agent_type: type = Agent, rollout: Callable = rollout,
+          minibatches: Callable = minibatches) -> TrainResult:
     """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line
-    (they win over a resumed run's saved arguments)."""
+    (they win over a resumed run's saved arguments). The keywords are what a variant changes (fleetrl/algos/ppo_lstm.py:
+    a recurrent agent, a rollout that carries its state, minibatches of whole env sequences)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
-    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="ppo", lag_worker="sampler thread") as run:
+    with Run.start(args, explicit, family_defaults, validate, algo=algo, lag_worker="sampler thread") as run:
         args, dist, device, family = run.args, run.dist, run.device, run.family
         batch_size = args.num_envs * args.num_steps  # global, over all ranks
         local_batch_size = run.local_num_envs * args.num_steps
@@ -272,9 +285,9 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         num_iterations = args.total_timesteps // batch_size
 
         async_batch = local_async_batch(args.async_batch, args.num_envs, run.local_num_envs)  # None: every env each step
-        envs = run.make_envs(async_batch=async_batch)
+        envs = run.make_envs(async_batch=async_batch, frame_stack=args.frame_stack)
         obs_shape = envs.single_observation_space.shape
-        agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
+        agent = agent_type(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
         dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
         # precision and memory format: measured once on this machine (or as the resumed run had them), explained
         accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
@@ -319,10 +332,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 batch = {k: v.to(device) for k, v in buffer.flat().items()}
                 clipfracs = []
                 for epoch in range(args.update_epochs):
-                    b_inds = torch.randperm(local_batch_size, device=device)
-                    shuffled = {k: v[b_inds] for k, v in batch.items()}  # one gather per epoch; minibatches are views
-                    for start in range(0, local_batch_size, local_minibatch_size):
-                        mb = {k: v[start : start + local_minibatch_size] for k, v in shuffled.items()}
+                    for mb in minibatches(batch, args.num_steps, args.num_minibatches):  # this rank's 1/W of each
                         loss, stats = loss_fn(agent, mb, args, dist)
                         optimizer.zero_grad()
                         grad_sync.backward(loss)  # under torchrun, gradients are averaged over ranks as backward goes

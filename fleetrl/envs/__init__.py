@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fleetrl.cores import available_cores
+from fleetrl.envs import atari
 from fleetrl.envs.registry import EnvFactory, EnvFamily, env_family, env_spec
 from fleetrl.envs.stepping import check_flags, plan_stepping
 from fleetrl.envs.vector import GymAsyncVectorEnv, GymSyncVectorEnv, SyncVectorEnv, episode_stats
@@ -41,6 +42,7 @@ def make_vector_env(
     env_timeout: float | None = 60.0,
     env_workers: int | None = None,
     env_threads: int | None = None,
+    frame_stack: int | None = None,
 ):
     """Build ``num_envs`` copies of ``env_id`` behind the vector interface of :mod:`fleetrl.envs.vector`.
 
@@ -87,13 +89,13 @@ def make_vector_env(
         if thread_plan:
             print(thread_plan, flush=True)
     envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
-                  max_restarts, env_timeout, stepping.threads if stepping is not None else 1)
+                  max_restarts, env_timeout, stepping.threads if stepping is not None else 1, frame_stack or atari.FRAME_STACK)
     envs.backend, envs.backend_reason, envs.thread_plan, envs.stepping = backend, reason, thread_plan, stepping  # logged
     return envs
 
 
 def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
-           max_restarts=10, env_timeout=60.0, stepping_threads=1):
+           max_restarts=10, env_timeout=60.0, stepping_threads=1, frame_stack=4):
     # ``workers``: worker processes (async) or C++ threads (ale, envpool): explicit, so that several
     # training processes on one machine do not each start a thread per core
     if family.name == "procgen" and backend != "envpool":
@@ -103,13 +105,14 @@ def _build(env_id, num_envs, backend, training, sticky_actions, family, async_ba
 
         if family.name != "atari":
             raise FleetError(f"--env-backend ale runs Atari games only, and {env_id} is a {family.name} env. Use sync, async or auto.")
-        return AleVectorEnv(env_id, num_envs, training, sticky_actions, num_threads=workers, async_batch=async_batch)
+        return AleVectorEnv(env_id, num_envs, training, sticky_actions, num_threads=workers, async_batch=async_batch,
+                            frame_stack=frame_stack)
     if backend == "envpool":
         from fleetrl.envs.native import EnvPoolVectorEnv
 
         return EnvPoolVectorEnv(env_id, num_envs, training, sticky_actions, family=family.name, num_threads=workers,
-                                async_batch=async_batch)
-    factories = [EnvFactory(env_id, family.name, training, sticky_actions, video_dir if i == 0 else None, every_episode)
+                                async_batch=async_batch, frame_stack=frame_stack)
+    factories = [EnvFactory(env_id, family.name, training, sticky_actions, video_dir if i == 0 else None, every_episode, frame_stack)
                  for i in range(num_envs)]
     if backend == "async":
         from fleetrl.envs.shm import SharedMemoryVectorEnv

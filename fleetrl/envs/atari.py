@@ -168,8 +168,9 @@ class Resize(gym.ObservationWrapper):
         return self._cv2.resize(obs, (self.size, self.size), interpolation=self._cv2.INTER_AREA)
 
 
-def make_atari(env_id: str, training: bool, sticky_actions: float | None = None, render_mode: str | None = None) -> gym.Env:
-    """One preprocessed Atari env: (4, 84, 84) uint8 observations."""
+def make_atari(env_id: str, training: bool, sticky_actions: float | None = None, render_mode: str | None = None,
+               frame_stack: int = FRAME_STACK) -> gym.Env:
+    """One preprocessed Atari env: (frame_stack, 84, 84) uint8 observations."""
     register_ale()
     sticky = default_sticky_actions(env_id) if sticky_actions is None else sticky_actions
     env = gym.make(
@@ -193,4 +194,4 @@ def make_atari(env_id: str, training: bool, sticky_actions: float | None = None,
     if training:
         env = ClipReward(env)
     env = Resize(env)
-    return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
+    return gym.wrappers.FrameStackObservation(env, frame_stack)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from fleetrl.envs import atari
+from fleetrl.envs import atari, partial  # noqa: F401  (partial registers CartPoleNoVel-v1)
 from fleetrl.envs.spaces import check_action_space
 from fleetrl.envs.wrappers import CheckOutputs, EpisodeStats
 from fleetrl.errors import FleetError, UnsupportedSpaceError, require
@@ -116,12 +116,13 @@ class EnvFactory:
     sticky_actions: float | None = None
     video_dir: str | None = None  # record this env's episodes to MP4 (--capture-video)
     video_every_episode: bool = False  # every episode (evaluation), else CleanRL's capped cubic schedule
+    frame_stack: int = atari.FRAME_STACK  # Atari frames in an observation
 
     def __call__(self) -> gym.Env:
         name = import_env_module(self.env_id)
         render_mode = "rgb_array" if self.video_dir else None
         if self.family == "atari":
-            env = atari.make_atari(name, self.training, self.sticky_actions, render_mode)
+            env = atari.make_atari(name, self.training, self.sticky_actions, render_mode, self.frame_stack)
         else:
             kwargs = {"render_mode": render_mode} if render_mode else {}  # custom envs may not take it
             env = EpisodeStats(gym.make(name, **kwargs))

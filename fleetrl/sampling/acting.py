@@ -11,6 +11,10 @@ Two implementations with the same results:
   views of the module's parameters: no copy, and in-place updates of them are seen at once.
   Its log-probabilities agree with the learner's to float32 rounding (the tests check it).
 
+A recurrent agent (one with ``state_shape``, e.g. an LSTM's stacked hidden and cell state per env) acts through
+torch only: ``act(obs, noise, state, starts)`` also takes each env's state and whether its observation starts an
+episode (the agent zeroes those states first), and returns the states after the step; ``value`` takes them too.
+
 Both draw their sampling noise from their own numpy Generator (:meth:`noise`), never from torch's
 global RNG, and sample on the host with one function (:func:`sample`). So a rollout is reproducible
 whichever thread or device acts, and the sampler can draw one step's noise for all envs at once and
@@ -89,17 +93,29 @@ class TorchActor(_Sampling):
         staging.copy_(x)
         return staging.to(self.device, non_blocking=True)
 
-    def act(self, obs: np.ndarray, noise: np.ndarray | None = None) -> ActResult:
+    def act(self, obs: np.ndarray, noise: np.ndarray | None = None, state: np.ndarray | None = None,
+            starts: np.ndarray | None = None) -> Any:
+        """Actions, log-probabilities and values (and, for a recurrent agent given ``state``, the states after)."""
         with torch.inference_mode():
-            out, value = self.agent(self._tensor(obs))
+            if state is None:
+                out, value = self.agent(self._tensor(obs))
+            else:
+                out, value, state = self.agent(self._tensor(obs), *self._recurrent(state, starts))
+                state = state.cpu().numpy()
             host = torch.cat([out, value[:, None]], 1).cpu().numpy()  # one device-to-host copy
             logstd = self.agent.actor_logstd.detach()[0].cpu().numpy() if self.continuous else None
         action, logprob = sample(host[:, :-1], logstd, self.noise(len(obs)) if noise is None else noise)
-        return action, logprob, host[:, -1]
+        return (action, logprob, host[:, -1]) if state is None else (action, logprob, host[:, -1], state)
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
+    def value(self, obs: np.ndarray, state: np.ndarray | None = None, starts: np.ndarray | None = None) -> np.ndarray:
         with torch.inference_mode():
-            return self.agent.get_value(self._tensor(obs)).cpu().numpy()
+            if state is None:
+                return self.agent.get_value(self._tensor(obs)).cpu().numpy()
+            return self.agent(self._tensor(obs), *self._recurrent(state, starts))[1].cpu().numpy()
+
+    def _recurrent(self, state: np.ndarray, starts: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = np.zeros(len(state), bool) if starts is None else starts
+        return torch.as_tensor(state, device=self.device), torch.as_tensor(starts, device=self.device)
 
 
 def _num_outputs(agent: nn.Module) -> int:
@@ -171,7 +187,7 @@ def make_actor(agent: nn.Module, device: torch.device, seed: int) -> TorchActor 
     params = list(agent.parameters())
     on_cpu_fp32 = (device.type == "cpu" and getattr(agent, "compute_dtype", torch.float32) == torch.float32  # bf16 acts as it learns
                    and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params))
-    if on_cpu_fp32 and isinstance(agent.trunk, nn.Identity):
+    if on_cpu_fp32 and isinstance(getattr(agent, "trunk", None), nn.Identity):
         actor_layers, critic_layers = _numpy_layers(agent.actor), _numpy_layers(agent.critic)
         if actor_layers is not None and critic_layers is not None:
             logstd = agent.actor_logstd.detach().numpy()[0] if agent.continuous else None

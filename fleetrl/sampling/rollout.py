@@ -21,7 +21,7 @@ class RolloutBuffer:
     """
 
     def __init__(self, num_steps: int, num_envs: int, obs_shape, obs_dtype, action_shape, action_dtype,
-                 total_envs: int | None = None):
+                 total_envs: int | None = None, state_shape: tuple[int, ...] | None = None):
         shape = (num_steps, num_envs)
         self.num_steps, self.num_envs = num_steps, num_envs
         self.obs = np.zeros(shape + tuple(obs_shape), dtype=obs_dtype)
@@ -38,6 +38,9 @@ class RolloutBuffer:
         # rows that are arrival batches rather than time steps: which env each transition belongs to
         self.env_ids = None if total_envs is None else np.zeros(shape, dtype=np.int64)
         self.last_values = np.zeros(num_envs if total_envs is None else total_envs, dtype=np.float32)
+        if state_shape is not None:  # a recurrent policy: each transition's state before the step, and episode starts
+            self.states = np.zeros(shape + tuple(state_shape), dtype=np.float32)
+            self.starts = np.zeros(shape, dtype=bool)
         self.episodes: list[tuple[int, float, int]] = []
         self.global_step = 0
         self.policy_version = 0
@@ -46,7 +49,7 @@ class RolloutBuffer:
         self.norm_sums: list = []  # --policy-lag 1: this rollout's normalisation sums, merged by the learner
 
     def flat(self) -> dict[str, torch.Tensor]:
-        """The batch as torch tensors of shape ``(num_steps * num_envs, ...)``, sharing memory."""
+        """The batch as torch tensors of shape ``(num_steps * num_envs, ...)``, row by row (step by step), sharing memory."""
         n = self.num_steps * self.num_envs
-        fields = ("obs", "actions", "logprobs", "values", "advantages", "returns")
+        fields = ("obs", "actions", "logprobs", "values", "advantages", "returns") + (("states", "starts") if hasattr(self, "states") else ())
         return {k: torch.from_numpy(getattr(self, k).reshape(n, *getattr(self, k).shape[2:])) for k in fields}

@@ -70,26 +70,30 @@ class TimedActor:
     def __init__(self, actor: Any, timer: PhaseTimer):
         self._actor, self._timer = actor, timer
 
-    def act(self, obs: np.ndarray, noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Actions sampled with ``noise``, their log-probabilities and the values of ``obs``."""
+    def act(self, obs: np.ndarray, noise: np.ndarray | None = None, state: np.ndarray | None = None,
+            starts: np.ndarray | None = None) -> tuple:
+        """Actions sampled with ``noise``, their log-probabilities and the values of ``obs``; given a recurrent policy's
+        ``state`` (and the episode ``starts``), also the states after the step."""
         with self._timer.inference:
-            return self._actor.act(obs, noise)
+            return self._actor.act(obs, noise) if state is None else self._actor.act(obs, noise, state, starts)
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
+    def value(self, obs: np.ndarray, state: np.ndarray | None = None, starts: np.ndarray | None = None) -> np.ndarray:
         with self._timer.inference:
-            return self._actor.value(obs)
+            return self._actor.value(obs) if state is None else self._actor.value(obs, state, starts)
 
 
 class Due:
     """Envs whose next action is due, as the rollout loop sees them: their ids, observations (normalised where
     normalisation is on), the sampling noise drawn for them, and whether each observation starts an episode."""
 
-    __slots__ = ("env_ids", "obs", "noise", "starts", "actor", "_sampler", "_buffer", "_slot", "_sent")
+    __slots__ = ("env_ids", "obs", "noise", "starts", "state", "actor", "_sampler", "_buffer", "_slot", "_sent")
 
     def __init__(self, sampler: "Sampler", env_ids: np.ndarray, obs: np.ndarray, noise: np.ndarray, buffer: RolloutBuffer,
                  slot: tuple):
         self.env_ids, self.obs, self.noise, self.actor = env_ids, obs, noise, sampler.timed_actor
         self.starts = sampler._episode_start[env_ids]
+        # a recurrent policy's state per env, as the last step left it (the agent zeroes it where an episode starts)
+        self.state = sampler._state[env_ids] if sampler._state is not None else None
         self._sampler, self._buffer, self._slot, self._sent = sampler, buffer, slot, False
 
     def store(self, **values: np.ndarray) -> None:
@@ -98,6 +102,10 @@ class Due:
             getattr(self._buffer, name)[self._slot] = value
         if self._buffer is self._sampler._pending:  # first-ready: acted now, moved into its row when the env returns
             self._sampler._pending_version[self.env_ids] = self._sampler.acting_version
+
+    def keep_state(self, state: np.ndarray) -> None:
+        """A recurrent policy's state after this step, carried to these envs' next one (and across rollouts)."""
+        self._sampler._state[self.env_ids] = state
 
     def send(self, actions: np.ndarray) -> None:
         """Step these envs with ``actions`` (clipped to a Box's bounds); their results complete the transitions."""
@@ -175,11 +183,14 @@ class Sampler:
         obs_dtype = network_obs_dtype(obs_space.shape, obs_space.dtype)  # uint8 images stay compact; vectors are float32
         first_ready = self.mode == "first-ready"
         rows, cols = (self.num_envs * num_steps // self.async_batch, self.async_batch) if first_ready else (num_steps, self.num_envs)
+        state_shape = getattr(agent, "state_shape", None)  # a recurrent policy carries a state per env
         self._buffers = [RolloutBuffer(rows, cols, obs_space.shape, obs_dtype, act_space.shape, act_space.dtype,
-                                       total_envs=self.num_envs if first_ready else None)
+                                       total_envs=self.num_envs if first_ready else None, state_shape=state_shape)
                          for _ in range(2 if self.lagged else 1)]
         # per env: the transition acted on and not yet completed by the env's step result
-        self._pending = RolloutBuffer(1, self.num_envs, obs_space.shape, obs_dtype, act_space.shape, act_space.dtype)
+        self._pending = RolloutBuffer(1, self.num_envs, obs_space.shape, obs_dtype, act_space.shape, act_space.dtype,
+                                      state_shape=state_shape)
+        self._state = None if state_shape is None else np.zeros((self.num_envs, *state_shape), np.float32)
         self._pending_version = np.zeros(self.num_envs)  # the weights' version that acted on each pending transition
         self._next_obs = np.zeros((self.num_envs, *obs_space.shape), obs_dtype)
         self._episode_start = np.ones(self.num_envs, bool)  # per env: its next observation begins an episode
@@ -249,6 +260,9 @@ class Sampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.actor.load_state_dict(state)
+        if self._state is not None and "recurrent_state" in state:
+            self._state[:] = state["recurrent_state"].numpy()
+            self._episode_start[:] = state["episode_start"].numpy()
 
     def close(self) -> None:
         """Stop the sampler thread (within one env step), then close the envs. A thread that does not stop (an env
@@ -311,7 +325,9 @@ class Sampler:
         with _torch_threads(self.acting_threads):  # as acting will run
             for _ in range(3 + ACTOR_PROBE_CALLS):
                 start = time.perf_counter()
-                actor.act(obs)  # the result comes back to the host, so this includes the device's sync
+                state = getattr(self.agent, "state_shape", None)  # a recurrent agent acts from each env's state
+                args = () if state is None else (None, np.zeros((batch, *state), np.float32))
+                actor.act(obs, *args)  # the result comes back to the host, so this includes the device's sync
                 times.append(time.perf_counter() - start)
         return float(np.median(times[3:]))
 
@@ -338,6 +354,9 @@ class Sampler:
         self._step = start + self.num_steps * self._global_envs
         b.global_step = self._step
         b.actor_state = self.actor.state_dict()
+        if self._state is not None:  # the recurrent state in flight, as of this rollout's end (what a resume continues)
+            b.actor_state = {**b.actor_state, "recurrent_state": torch.from_numpy(self._state.copy()),
+                             "episode_start": torch.from_numpy(self._episode_start.copy())}
         if self.lagged:
             b.norm_sums = [norm.take_pending() if norm is not None else None for norm in (self.obs_norm, self.reward_norm)]
         return b
@@ -369,7 +388,7 @@ class Sampler:
                     yield from self._due(env_ids, obs, noise[g], b, (t + 1, g))
                 else:
                     self._next_obs[g] = obs
-        b.last_values[:] = self.timed_actor.value(self._next_obs)
+        b.last_values[:] = self.timed_actor.value(self._next_obs, self._state, self._episode_start)
         b.acting_version = float(self.acting_version)
 
     def _due_first_ready(self, b: RolloutBuffer, start: int) -> Iterator[Due]:
@@ -395,7 +414,7 @@ class Sampler:
         with self.timer.inference:
             return self.actor.noise(n)
 
-    def _complete(self, b: RolloutBuffer, slot: tuple, ids: Any, result: tuple, tag: int, pending: bool = False) -> np.ndarray:
+    def _complete(self, b: RolloutBuffer, slot: tuple, ids: np.ndarray, result: tuple, tag: int, pending: bool = False) -> np.ndarray:
         """Complete envs ``ids``' transitions at ``slot`` with their step result (moving them there from the
         pending ones first, with ``pending``); returns their next observations (normalised)."""
         obs, reward, terminated, truncated, info = result[:5]
@@ -405,8 +424,9 @@ class Sampler:
         if self.obs_norm is not None:
             obs = self.obs_norm(obs)
         if pending:  # the transitions acted on when these envs were last sent, now in their row
-            for name in ("obs", "actions", "logprobs", "values"):
-                getattr(b, name)[slot] = getattr(self._pending, name)[0, ids]
+            for name in ("obs", "actions", "logprobs", "values", "states", "starts"):
+                if hasattr(b, name):
+                    getattr(b, name)[slot] = getattr(self._pending, name)[0, ids]
         b.rewards[slot], b.terminated[slot], b.dones[slot] = reward, terminated, done
         self._episode_start[ids] = done
         final_values = np.zeros(len(done), np.float32)
@@ -414,8 +434,8 @@ class Sampler:
             final_obs = info["final_obs"][truncated]
             if self.obs_norm is not None:
                 final_obs = self.obs_norm.normalize(final_obs)
-            with self.timer.inference:
-                final_values[truncated] = self.actor.value(final_obs)
+            state = None if self._state is None else self._state[ids[truncated]]  # after the step that ended the episode
+            final_values[truncated] = self.timed_actor.value(final_obs, state)
         b.final_values[slot] = final_values
         b.episodes += [(tag, r, l) for r, l in episode_stats(info)]
         return obs

@@ -84,6 +84,7 @@ class AleVectorEnv:
         max_num_frames_per_episode: int = atari.MAX_FRAMES_PER_EPISODE,
         fire_on_life_loss: bool | None = None,
         async_batch: int | None = None,
+        frame_stack: int = atari.FRAME_STACK,
     ):
         self._vector_env = require("ale_py.vector_env", "atari", "The ALE vector backend (--env-backend ale)")
         from ale_py import Action, roms
@@ -101,7 +102,7 @@ class AleVectorEnv:
         self._groups = SubPools(num_envs, 1 if self.async_batch == num_envs else 2)  # first-ready: the two halves
         self._pools: list = []  # one AtariVectorEnv per group, built by reset()
         self.single_observation_space = gym.spaces.Box(
-            0, 255, (atari.FRAME_STACK, atari.SCREEN_SIZE, atari.SCREEN_SIZE), dtype=np.uint8
+            0, 255, (frame_stack, atari.SCREEN_SIZE, atari.SCREEN_SIZE), dtype=np.uint8
         )
         action_set = _ale_action_set(self.game)
         self.single_action_space = gym.spaces.Discrete(len(action_set))
@@ -129,7 +130,7 @@ class AleVectorEnv:
                 img_height=atari.SCREEN_SIZE,
                 img_width=atari.SCREEN_SIZE,
                 grayscale=True,
-                stack_num=atari.FRAME_STACK,
+                stack_num=self.single_observation_space.shape[0],
                 frameskip=atari.FRAME_SKIP,
                 maxpool=True,
                 noop_max=atari.NOOP_MAX,

@@ -69,6 +69,7 @@ class EnvPoolVectorEnv:
         num_threads: int = 0,
         max_episode_steps: int | None = None,
         async_batch: int | None = None,
+        frame_stack: int = atari.FRAME_STACK,
     ):
         self._envpool = _import_envpool()
         self.env_id = env_id
@@ -88,7 +89,7 @@ class EnvPoolVectorEnv:
                 img_width=atari.SCREEN_SIZE,
                 gray_scale=True,
                 use_inter_area_resize=True,
-                stack_num=atari.FRAME_STACK,
+                stack_num=frame_stack,
                 frame_skip=atari.FRAME_SKIP,
                 noop_max=atari.NOOP_MAX,
                 use_fire_reset=True,
