@@ -40,6 +40,7 @@ class PlainSpec:
     gamma: float = 0.99
     gae_lambda: float = 0.95
     vector: str = "sync"  # gymnasium's SyncVectorEnv, or "async": its AsyncVectorEnv (a process per env), for envs that wait
+    frame_stack: int = 4  # Atari frames an observation stacks (CleanRL's ppo_atari_lstm.py: 1)
 
 
 CARTPOLE = PlainSpec("CartPole-v1", atari=False, num_envs=4, num_steps=128)  # CleanRL ppo.py
@@ -69,7 +70,7 @@ def make_env(spec: PlainSpec) -> Callable[[], gym.Env]:
             if "FIRE" in env.unwrapped.get_action_meanings():
                 env = FireReset(env)
             env = ClipReward(env)
-            env = gym.wrappers.FrameStackObservation(env, 4)
+            env = gym.wrappers.FrameStackObservation(env, spec.frame_stack)
         return env
 
     return thunk

@@ -63,14 +63,14 @@ STDERR_TAIL_LINES = 12
 BUSY_ENV, SLEEP_ENV, STRAGGLER_ENV = ("ppo_speed_envs:BusyWait200us-v0", "ppo_speed_envs:Sleep200us-v0",
                                       "ppo_speed_envs:Straggler-v0")
 WAIT_ENV, SOCKET_ENV = "ppo_speed_envs:Sleep5ms-v0", "socket_sim:SocketSim-v0"
-PLAIN_KINDS = ("plain-breakout", "plain-cartpole", "plain-async")  # plain-async: any env, --num-envs/--num-steps from its flags
+PLAIN_KINDS = ("plain-breakout", "plain-cartpole", "plain-async", "plain-breakout-lstm")  # plain-async: any env, --num-envs/--num-steps from its flags
 
 
 # ============================================================================ what is measured
 @dataclass(frozen=True)
 class Variant:
     name: str
-    kind: str  # "fleetrl" or one of PLAIN_KINDS
+    kind: str  # "fleetrl", "fleetrl-lstm" (FLEETRL_KINDS) or one of PLAIN_KINDS
     env_id: str
     flags: tuple[str, ...] = ()  # fleetrl flags after the scenario's fixed ones
     baseline: str | None = None  # the variant this one's ratio is taken against
@@ -139,6 +139,12 @@ def scenarios(extra: list[tuple[str, tuple[str, ...]]]) -> dict[str, Scenario]:
             variants=[Variant("all envs fast", "fleetrl", BUSY_ENV, straggle),
                       Variant("one env 10x slower", "fleetrl", STRAGGLER_ENV, straggle, baseline="all envs fast")],
             targets=[Target("one env 10x slower", "all envs fast", 0.7, "one slow env >= 70% of the all-fast run")]),
+        "breakout-lstm": Scenario(
+            "breakout-lstm", "PPO-LSTM BreakoutNoFrameskip-v4, CleanRL's ppo_atari_lstm.py defaults (8 envs x 128 steps, one frame a "
+                             "step): `fleetrl train ppo_lstm` against CleanRL's loop", iterations=6, quick_iterations=2,
+            variants=[Variant("plain CleanRL-style loop", "plain-breakout-lstm", "BreakoutNoFrameskip-v4"),
+                      Variant("fleetrl ppo_lstm (defaults)", "fleetrl-lstm", "BreakoutNoFrameskip-v4", atari, baseline="plain CleanRL-style loop")],
+            targets=[Target("fleetrl ppo_lstm (defaults)", "plain CleanRL-style loop", 1.5, "fleetrl ppo_lstm >= 1.5x the plain loop")]),
         "wait-envs": Scenario(
             "wait-envs", "PPO on 64 envs whose step sleeps 5 ms, 64 envs x 32 steps, MLP: fleetrl against the plain loop on "
                          "gymnasium's AsyncVectorEnv", iterations=16, quick_iterations=3,
@@ -200,6 +206,12 @@ def run_plain(kind: str, opts: argparse.Namespace, recorder: Recorder) -> int:
 
     import torch
 
+    if kind == "plain-breakout-lstm":  # CleanRL's ppo_atari_lstm.py loop
+        from plain_ppo_lstm import BREAKOUT_LSTM, plain_ppo_lstm
+
+        plain_ppo_lstm(BREAKOUT_LSTM, opts.iterations, seed=1, device="cuda" if opts.cuda and torch.cuda.is_available() else "cpu",
+                       on_iteration=recorder.mark)
+        return BREAKOUT_LSTM.num_envs * BREAKOUT_LSTM.num_steps
     if kind == "plain-async":  # the classic hyperparameters, on the variant's env and batch shape
         shape = argparse.ArgumentParser()
         shape.add_argument("--num-envs", type=int, required=True)
@@ -217,8 +229,11 @@ def run_plain(kind: str, opts: argparse.Namespace, recorder: Recorder) -> int:
     return spec.num_envs * spec.num_steps
 
 
+FLEETRL_KINDS = {"fleetrl": "ppo", "fleetrl-lstm": "ppo_lstm"}  # variant kind -> `fleetrl train ALGO`
+
+
 def run_fleetrl(opts: argparse.Namespace, recorder: Recorder) -> int:
-    """`fleetrl train ppo FLAGS`, with the end of each iteration marked as ``train`` records it."""
+    """`fleetrl train ALGO FLAGS` (ppo or ppo_lstm), with the end of each iteration marked as ``train`` records it."""
     import tyro
 
     from fleetrl import config, monitor
@@ -239,19 +254,21 @@ def run_fleetrl(opts: argparse.Namespace, recorder: Recorder) -> int:
 
     # patched before the algorithm module is imported, so its `from fleetrl.monitor import TrainResult` sees it
     monitor.TrainResult = monitor_logger.TrainResult = MarkingTrainResult
-    from fleetrl.algos import ppo
     from fleetrl.monitor import trainlog
+
+    algo = FLEETRL_KINDS[opts.run_one]
+    module = importlib.import_module(f"fleetrl.algos.{algo}")
 
     trainlog.TrainResult = MarkingTrainResult  # the session's log makes the result
     argv = shlex.split(opts.flags) + ["--env-id", opts.env_id, "--run-dir", opts.run_dir, "--no-progress",
                                       "--checkpoint-every", "1000000000", "--cuda" if opts.cuda else "--no-cuda"]
-    args = tyro.cli(ppo.Args, args=argv, prog="fleetrl train ppo")
+    args = tyro.cli(module.Args, args=argv, prog=f"fleetrl train {algo}")
     if args.num_envs is None or args.num_steps is None:
         raise SystemExit("ppo_speed: give --num-envs and --num-steps in the fleetrl flags, so the run's length is known")
     batch = args.num_envs * args.num_steps
     args.total_timesteps = opts.iterations * batch
     try:
-        result = ppo.train(args, explicit=config.explicit_fields(argv, ppo.Args) | {"total_timesteps"})
+        result = module.train(args, explicit=config.explicit_fields(argv, module.Args) | {"total_timesteps"})
     except FleetError as exc:  # the one clear paragraph the CLI would print, not a traceback
         raise SystemExit(f"fleetrl: error: {exc}") from None
     if not recorder.ends:  # the hook never fired (train built its result some other way): wall times only
@@ -384,7 +401,7 @@ def table(scenario: Scenario, results: dict[str, list[Measurement]], iterations:
         else:
             out.append(f"- Target: {target.label}: not measured (a run failed).")
     for variant, m in failures:
-        what = (f"fleetrl train ppo --env-id {variant.env_id} {shlex.join(variant.flags)}" if variant.kind == "fleetrl"
+        what = (f"fleetrl train {FLEETRL_KINDS[variant.kind]} --env-id {variant.env_id} {shlex.join(variant.flags)}" if variant.kind in FLEETRL_KINDS
                 else f"benchmarks/plain_ppo.py on {variant.env_id}")
         out += ["", f"FAILED: {variant.name} (`{what}`), the last lines of its stderr:", "", "```", m.error, "```"]
     return out + [""]
@@ -414,7 +431,7 @@ def main() -> None:
     parser.add_argument("--markdown", metavar="FILE", help="also write the tables to FILE")
     parser.add_argument("--json", metavar="FILE", help="also write every run's figures to FILE")
     # the subprocess side (internal)
-    parser.add_argument("--run-one", choices=("fleetrl",) + PLAIN_KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--run-one", choices=tuple(FLEETRL_KINDS) + PLAIN_KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--env-id", help=argparse.SUPPRESS)
     parser.add_argument("--flags", default="", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)

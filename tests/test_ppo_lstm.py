@@ -83,7 +83,7 @@ def test_a_sequence_minibatch_holds_whole_env_sequences_in_time_order():
 
 
 def test_first_ready_batches_and_minibatches_that_split_envs_are_refused():
-    args = ppo_lstm.Args(env_id="CartPole-v1", num_envs=4, async_batch=2)
+    args = ppo_lstm.Args(env_id="CartPole-v1", num_envs=4, async_batch=2, num_minibatches=4)
     from fleetrl import config
 
     args = config.apply_family_defaults(args, ppo_lstm.FAMILY_DEFAULTS, "classic")

@@ -42,11 +42,18 @@ class Args(ppo.Args):
 
     exp_name: str = "ppo_lstm"
     """the name of this experiment"""
+    gae_lambda: float | None = None
+    """the lambda for the general advantage estimation [0.95; classic control 0.8]"""
 
 
-FAMILY_DEFAULTS = {  # CleanRL's ppo_atari_lstm.py: ppo_atari.py's, with one frame a step; elsewhere PPO's
-    **ppo.FAMILY_DEFAULTS,
-    "atari": {**ppo.FAMILY_DEFAULTS["atari"], "frame_stack": 1},
+FAMILY_DEFAULTS = {
+    **{family: {**defaults, "gae_lambda": 0.95} for family, defaults in ppo.FAMILY_DEFAULTS.items()},
+    # CleanRL's ppo_atari_lstm.py: ppo_atari.py's, with one frame a step
+    "atari": {**ppo.FAMILY_DEFAULTS["atari"], "frame_stack": 1, "gae_lambda": 0.95},
+    # CleanRL has no recurrent classic-control file; RL Zoo's tuned RecurrentPPO for CartPoleNoVel-v1 (8 envs x 32 steps,
+    # one minibatch, 20 epochs, lr 1e-3 annealed, gamma 0.98, lambda 0.8, no entropy bonus, normalised)
+    "classic": dict(total_timesteps=500_000, learning_rate=1e-3, num_envs=8, num_steps=32, num_minibatches=1, update_epochs=20,
+                    clip_coef=0.2, ent_coef=0.0, gamma=0.98, gae_lambda=0.8, normalize=True),
 }
 RANGES = ppo.RANGES
 
