@@ -40,7 +40,7 @@ def make_atari_vec(backend: str, env_id: str, num_envs: int, training: bool, **k
     if backend == "ale":
         return AleVectorEnv(env_id, num_envs, training, **kwargs)
     need_envpool()
-    return EnvPoolVectorEnv(env_id, num_envs, training, family="atari", **kwargs)
+    return EnvPoolVectorEnv(env_id, num_envs, training=training, family="atari", **kwargs)
 
 
 BACKENDS = ["ale", pytest.param("envpool", marks=pytest.mark.skipif(not _have_envpool(), reason="envpool not installed"))]
@@ -292,7 +292,7 @@ def test_envpool_cartpole_terminated_and_truncated_apart():
                     assert lengths[i] == 20
                 lengths[i] = 0
         assert seen["terminated"] > 0 and seen["truncated"] > 0
-        assert np.array_equal(envs.reset(seed=0)[0], EnvPoolVectorEnv("CartPole-v1", 4, True, family="classic").reset(seed=0)[0])
+        assert np.array_equal(envs.reset(seed=0)[0], EnvPoolVectorEnv("CartPole-v1", 4, training=True, family="classic").reset(seed=0)[0])
     finally:
         envs.close()
 

@@ -95,7 +95,7 @@ def test_envpool_split_rollout_gives_the_serial_batch_for_cartpole():
     pytest.importorskip("envpool")
     from fleetrl.envs.native import EnvPoolVectorEnv
 
-    build = lambda: EnvPoolVectorEnv("CartPole-v1", 4, True, family="classic", max_episode_steps=20)  # noqa: E731
+    build = lambda: EnvPoolVectorEnv("CartPole-v1", 4, training=True, family="classic", max_episode_steps=20)  # noqa: E731
     _, serial = collect_rollouts(build(), split=False, num_steps=64)
     mode, split = collect_rollouts(build(), split=None, num_steps=64)
     assert mode == "split"
@@ -200,7 +200,7 @@ def test_envpool_first_ready_keeps_same_step_autoreset_per_env():
     def action(env: int, t: int) -> int:
         return (env * 7 + t * 3) % 5 % 2
 
-    sync = EnvPoolVectorEnv("CartPole-v1", 4, True, family="classic", max_episode_steps=9)
+    sync = EnvPoolVectorEnv("CartPole-v1", 4, training=True, family="classic", max_episode_steps=9)
     sync.reset(seed=5)
     want = {env: [] for env in range(4)}
     for t in range(40):
@@ -210,7 +210,7 @@ def test_envpool_first_ready_keeps_same_step_autoreset_per_env():
             want[env].append((obs[env], reward[env], terminated[env], truncated[env], final))
     sync.close()
 
-    envs = EnvPoolVectorEnv("CartPole-v1", 4, True, family="classic", max_episode_steps=9, async_batch=2)
+    envs = EnvPoolVectorEnv("CartPole-v1", 4, training=True, family="classic", max_episode_steps=9, async_batch=2)
     envs.reset(seed=5)
     got = {env: [] for env in range(4)}
     envs.send(np.array([action(e, 0) for e in range(4)]), np.arange(4))

@@ -110,7 +110,7 @@ def _build(env_id, num_envs, backend, training, sticky_actions, family, async_ba
     if backend == "envpool":
         from fleetrl.envs.native import EnvPoolVectorEnv
 
-        return EnvPoolVectorEnv(env_id, num_envs, training, sticky_actions, family=family.name, num_threads=workers,
+        return EnvPoolVectorEnv(env_id, num_envs, family=family.name, training=training, sticky_actions=sticky_actions, num_threads=workers,
                                 async_batch=async_batch, frame_stack=frame_stack)
     factories = [EnvFactory(env_id, family.name, training, sticky_actions, video_dir if i == 0 else None, every_episode, frame_stack)
                  for i in range(num_envs)]
