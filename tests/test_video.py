@@ -119,13 +119,16 @@ def test_missing_imageio_ffmpeg_names_the_pip_install(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sync", "async"])
+@pytest.mark.parametrize("backend", ["sync", "async", "async-threads"])
 def test_training_records_episodes_0_1_and_8_of_env_0_each_its_length_plus_one_frame(tmp_path, backend):
     from conftest import run_fleetrl
 
-    # FixedStart-v0 episodes last 20 steps: env 0 plays 10 of them in 200 steps, and CleanRL's schedule records 0, 1 and 8
+    # FixedStart-v0 episodes last 20 steps: env 0 plays 10 of them in 200 steps, and CleanRL's schedule records 0, 1 and 8;
+    # with stepping threads env 0 renders in a worker's thread, beside env 1
+    threads = ["--env-workers", "1", "--env-threads", "2"] if backend == "async-threads" else []
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "ppo", "--env-id", "fleetrl_test_envs:FixedStart-v0", "--env-backend", backend, "--num-envs", "2",
+    proc = run_fleetrl("train", "ppo", "--env-id", "fleetrl_test_envs:FixedStart-v0", "--env-backend", backend.split("-")[0], *threads,
+                       "--num-envs", "2",
                        "--num-steps", "100", "--total-timesteps", "400", "--capture-video", "--run-dir", str(run_dir), "--no-cuda",
                        timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
