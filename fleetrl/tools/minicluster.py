@@ -586,9 +586,3 @@ def main(args: MiniClusterArgs, command: list[str]) -> None:
             raise MiniClusterError("Usage: fleetrl minicluster exec NODE -- COMMAND [ARGS...], e.g. fleetrl minicluster exec node2 -- hostname -I")
         argv = cluster.on_node(args.node[0], command)
         sys.exit(subprocess.run(argv, env=cluster.env()).returncode)
-
-
-if __name__ == "__main__":
-    from fleetrl.cli import main as cli_main
-
-    cli_main(["minicluster", *sys.argv[1:]])

@@ -1,0 +1,112 @@
+"""The house's layering: no import cycles in the package, and no import that runs up the layers (the env layer knows no
+sampler, the monitor no run, the engine no algorithm, nothing below the tools a tool). Read from the source, imports in
+functions included (a ``TYPE_CHECKING`` block is only for type hints and is left out)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import fleetrl
+
+PACKAGE = Path(fleetrl.__file__).parent
+TOP = ("fleetrl.cli", "fleetrl.evaluate", "fleetrl.tools")  # the commands: they may import anything
+# each layer, and what it must never import (everything above it)
+FORBIDDEN = {
+    "fleetrl.envs": ("fleetrl.sampling", "fleetrl.monitor", "fleetrl.run", "fleetrl.algos", "fleetrl.offpolicy", "fleetrl.learner",
+                     "fleetrl.args", *TOP),
+    "fleetrl.monitor": ("fleetrl.sampling", "fleetrl.run", "fleetrl.algos", "fleetrl.offpolicy", "fleetrl.learner", *TOP),
+    "fleetrl.sampling": ("fleetrl.run", "fleetrl.algos", "fleetrl.offpolicy", "fleetrl.learner", *TOP),
+    "fleetrl.run": ("fleetrl.algos", *TOP),
+    "fleetrl.algos": TOP,
+    **{m: ("fleetrl.run", "fleetrl.algos", *TOP) for m in ("fleetrl.errors", "fleetrl.config", "fleetrl.cores", "fleetrl.nets",
+                                                         "fleetrl.accel", "fleetrl.distributed", "fleetrl.checkpoint",
+                                                         "fleetrl.runtime", "fleetrl.policy")},
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(("fleetrl", *path.relative_to(PACKAGE).with_suffix("").parts))
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        for node in _imports(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [f"{node.module}.{a.name}" for a in node.names] if node.module and not node.level else []
+            for name in names:
+                target = resolve(name)
+                if target and target != module and not module.startswith(target + "."):  # a package's own __init__
+                    graph[module].add(target)
+    return graph
+
+
+def _imports(tree: ast.AST):
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        yield from _imports(node)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_no_import_runs_up_the_layers():
+    wrong = []
+    for module, targets in import_graph().items():
+        for layer, above in FORBIDDEN.items():
+            if module == layer or module.startswith(layer + "."):
+                wrong += [f"{module} imports {t}" for t in sorted(targets) if any(t == a or t.startswith(a + ".") for a in above)]
+    assert wrong == []
+
+
+def test_the_checks_see_a_cycle_and_an_upward_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert "fleetrl.envs.vector" in import_graph()["fleetrl.sampling.sampler"], "the graph holds real imports"
