@@ -226,7 +226,6 @@ def ppo_loss(agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist: Dist) 
     newlogprob, entropy, newvalue = agent.evaluate(mb)
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
-
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
@@ -341,7 +340,6 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
                         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                         optimizer.step()
                         clipfracs.append(stats["clipfrac"])
-
                     if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
                         break
             sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
