@@ -170,3 +170,27 @@ def slurm_cluster():
     require_slurm()
     with minicluster.running(owner_pid=os.getpid()) as cluster:  # a killed test run's cluster is removed by the next start
         yield cluster
+
+
+def run_fleetrl_in_process(*args: str, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """The CLI's entry point (``fleetrl.cli.main``) in this process, its output and exit status as ``run_fleetrl``
+    gives them: for a test of how bad input is refused, without a process start and torch's import (about 2 s each).
+    An exception that escapes is written as Python writes it, a traceback with status 1, so a test still sees one.
+    Each command keeps at least one test through the real process (``run_fleetrl``)."""
+    import io
+    import traceback
+
+    from fleetrl.cli import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd or os.getcwd()):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 (a KeyboardInterrupt too: the process would print it and exit)
+            traceback.print_exc()
+            code = 1
+    return subprocess.CompletedProcess(["fleetrl", *args], code, out.getvalue(), err.getvalue())

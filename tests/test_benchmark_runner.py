@@ -15,7 +15,7 @@ from fleetrl.errors import FleetError
 from fleetrl.tools.benchmark import Run, check_command, run_command
 from fleetrl.tools.processes import split_command
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl, run_fleetrl_in_process
 
 TINY_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "1024"]
 # a command that only prints the arguments the runner appended, so the grid costs no training
@@ -159,11 +159,11 @@ def test_a_command_that_cannot_start_is_a_failed_run_not_a_crash(tmp_path):
 
 
 def test_bad_benchmark_input_is_a_clear_error(tmp_path):
-    no_command = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", timeout=60)
+    no_command = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1")
     assert no_command.returncode == 2 and "needs the command to run after `--`" in no_command.stderr
-    seeded = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--out", str(tmp_path / "b"), "--", "fleetrl", "train", "ppo", "--seed", "3", timeout=60)
+    seeded = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--out", str(tmp_path / "b"), "--", "fleetrl", "train", "ppo", "--seed", "3")
     assert seeded.returncode == 2 and "Remove --seed" in seeded.stderr
-    zero = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--workers", "0", "--", *ECHO, timeout=60)
+    zero = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--workers", "0", "--", *ECHO)
     assert zero.returncode == 2 and "--workers must be at least 1" in zero.stderr
     for stderr in (no_command.stderr, seeded.stderr, zero.stderr):
         assert "Traceback" not in stderr
@@ -261,7 +261,7 @@ def test_summary_gives_each_env_and_all_envs_iqm_median_mean_and_optimality_gap_
 
 def test_bad_normalisation_is_refused_before_any_run_starts(tmp_path):
     out = tmp_path / "bench"
-    proc = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--normalize", "human", "--out", str(out), "--", *ECHO, timeout=60)
+    proc = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--normalize", "human", "--out", str(out), "--", *ECHO)
     assert proc.returncode == 2 and "only the 57 Atari games have" in proc.stderr and "Traceback" not in proc.stderr
     assert not (out / "logs").exists()
 

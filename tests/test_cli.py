@@ -10,7 +10,7 @@ from fleetrl.algos.ppo import FAMILY_DEFAULTS, Args, validate
 from fleetrl.cli import main
 from fleetrl.errors import FleetError
 
-from conftest import run_fleetrl
+from conftest import run_fleetrl, run_fleetrl_in_process
 
 
 def assert_clean_failure(proc, *needles):
@@ -27,23 +27,23 @@ def test_unknown_env_id_names_the_closest_ids(tmp_path):
 
 def test_batch_that_does_not_split_into_minibatches_is_refused_before_anything_runs(tmp_path):
     run_dir = tmp_path / "r"
-    proc = run_fleetrl("train", "ppo", "--num-envs", "3", "--num-steps", "7", "--num-minibatches", "4", "--run-dir", str(run_dir), timeout=120)
+    proc = run_fleetrl_in_process("train", "ppo", "--num-envs", "3", "--num-steps", "7", "--num-minibatches", "4", "--run-dir", str(run_dir))
     assert_clean_failure(proc, "does not split", "--num-minibatches")
     assert not run_dir.exists()
 
 
 def test_missing_resume_file_and_auto_without_run_dir(tmp_path):
-    assert_clean_failure(run_fleetrl("train", "ppo", "--resume", str(tmp_path / "missing.pt"), timeout=120), "does not exist")
-    assert_clean_failure(run_fleetrl("train", "ppo", "--resume", "auto", timeout=120), "--resume auto needs --run-dir")
+    assert_clean_failure(run_fleetrl_in_process("train", "ppo", "--resume", str(tmp_path / "missing.pt")), "does not exist")
+    assert_clean_failure(run_fleetrl_in_process("train", "ppo", "--resume", "auto"), "--resume auto needs --run-dir")
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"not a checkpoint")
-    assert_clean_failure(run_fleetrl("train", "ppo", "--resume", str(corrupt), timeout=120), "corrupt")
+    assert_clean_failure(run_fleetrl_in_process("train", "ppo", "--resume", str(corrupt)), "corrupt")
 
 
 def test_unknown_command_and_missing_algorithm():
-    assert_clean_failure(run_fleetrl("fly", timeout=60), "Unknown command")
-    assert_clean_failure(run_fleetrl("train", timeout=60), "needs an algorithm")
-    helped = run_fleetrl("train", "ppo", "--help", timeout=60)
+    assert_clean_failure(run_fleetrl_in_process("fly"), "Unknown command")
+    assert_clean_failure(run_fleetrl_in_process("train"), "needs an algorithm")
+    helped = run_fleetrl_in_process("train", "ppo", "--help")
     assert helped.returncode == 0 and "--num-envs" in helped.stdout and "--total-timesteps" in helped.stdout
 
 

@@ -19,7 +19,7 @@ from fleetrl import checkpoint
 from fleetrl.algos import dqn
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import fleetrl_env, killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
+from conftest import fleetrl_env, killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint, run_fleetrl_in_process
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 SHORT = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000"]  # learning begins at once on a small budget
@@ -94,7 +94,7 @@ def test_bad_input_is_refused_with_a_clear_error_before_anything_runs(tmp_path, 
         pytest.importorskip("mujoco")
     flags, needles = REFUSALS[case]
     run_dir = tmp_path / "r"
-    proc = run_fleetrl("train", "dqn", "--no-cuda", *flags, "--run-dir", str(run_dir), timeout=120)
+    proc = run_fleetrl_in_process("train", "dqn", "--no-cuda", *flags, "--run-dir", str(run_dir))
     assert_clean_failure(proc, *needles)
     assert not (run_dir / "checkpoints").exists()
 

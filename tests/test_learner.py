@@ -19,7 +19,7 @@ from fleetrl.errors import FleetError
 from fleetrl.learner import Learner
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint, run_fleetrl_in_process
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 LAGGED = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000", "--policy-lag", "1", "--no-progress"]
@@ -96,7 +96,7 @@ def test_a_killed_learner_process_stops_the_run_with_a_clear_error():
 
 
 def test_bad_policy_lags_are_refused_before_anything_runs(tmp_path):
-    proc = run_fleetrl("train", "dqn", *CARTPOLE, "--policy-lag", "2", "--run-dir", str(tmp_path / "r"), timeout=120)
+    proc = run_fleetrl_in_process("train", "dqn", *CARTPOLE, "--policy-lag", "2", "--run-dir", str(tmp_path / "r"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "--policy-lag must be 0" in proc.stderr, proc.stderr
     args = dqn.Args(env_id="CartPole-v1", policy_lag=1, total_timesteps=500_000, learning_rate=2.5e-4, num_envs=2, buffer_size=10_000,
                     tau=1.0, target_network_frequency=500, batch_size=128, end_e=0.05, exploration_fraction=0.5, learning_starts=10_000,

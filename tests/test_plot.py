@@ -9,7 +9,7 @@ from fleetrl.monitor.tbread import read_scalars
 from fleetrl.tools import plot as plot_tool
 from fleetrl.tools.plot import common_grid, find_runs, group_runs, parse_run_name, smooth
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group, run_fleetrl_in_process
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -66,11 +66,11 @@ def test_plot_against_wall_time_draws_seconds_and_a_metric_with_no_points_is_a_c
 
 
 def test_no_runs_is_a_clear_error(tmp_path):
-    proc = run_fleetrl("plot", str(tmp_path), "-o", str(tmp_path / "c.png"), timeout=60)
+    proc = run_fleetrl_in_process("plot", str(tmp_path), "-o", str(tmp_path / "c.png"))
     assert proc.returncode == 2 and "No TensorBoard runs" in proc.stderr and "Traceback" not in proc.stderr
-    missing = run_fleetrl("plot", str(tmp_path / "nope"), timeout=60)
+    missing = run_fleetrl_in_process("plot", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
-    pdf = run_fleetrl("plot", str(tmp_path), "-o", "c.pdf", timeout=60)
+    pdf = run_fleetrl_in_process("plot", str(tmp_path), "-o", "c.pdf")
     assert pdf.returncode == 2 and ".png or .svg" in pdf.stderr
 
 

@@ -22,7 +22,7 @@ from fleetrl import checkpoint
 from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, start_fleetrl
+from conftest import assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, start_fleetrl, run_fleetrl_in_process
 
 STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync"]
 BATCH = 4 * 128  # classic control's default batch
@@ -337,7 +337,7 @@ def test_a_disk_filled_mid_run_stops_logging_with_one_paragraph_no_thread_traceb
 def test_a_run_folder_that_cannot_be_written_is_refused_before_anything_starts(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    proc = run_fleetrl("train", "ppo", "--run-dir", str(blocker / "run"), "--total-timesteps", "512", timeout=120)
+    proc = run_fleetrl_in_process("train", "ppo", "--run-dir", str(blocker / "run"), "--total-timesteps", "512")
     assert proc.returncode == 2 and "cannot be written" in proc.stderr and "--run-dir" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -352,16 +352,16 @@ def cartpole_run(tmp_path_factory):
 
 
 def test_a_checkpoint_of_another_env_or_algorithm_or_a_truncated_one_is_refused_clearly(tmp_path, cartpole_run):
-    other_env = run_fleetrl("train", "ppo", "--resume", str(cartpole_run), "--env-id", "Acrobot-v1", "--run-dir", str(tmp_path / "a"))
+    other_env = run_fleetrl_in_process("train", "ppo", "--resume", str(cartpole_run), "--env-id", "Acrobot-v1", "--run-dir", str(tmp_path / "a"))
     assert other_env.returncode == 2 and "observations of shape (4,)" in other_env.stderr and "(6,)" in other_env.stderr, other_env.stderr
     other_algo = checkpoint.load_checkpoint(cartpole_run)
     checkpoint.save_checkpoint({**other_algo, "algo": "dqn"}, tmp_path / "dqn", keep=1)
-    wrong = run_fleetrl("train", "ppo", "--resume", str(tmp_path / "dqn"), "--run-dir", str(tmp_path / "b"))
+    wrong = run_fleetrl_in_process("train", "ppo", "--resume", str(tmp_path / "dqn"), "--run-dir", str(tmp_path / "b"))
     assert wrong.returncode == 2 and "written by dqn" in wrong.stderr, wrong.stderr
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(checkpoint.list_checkpoints(cartpole_run)[-1].read_bytes()[:5000])
     for command in (["train", "ppo", "--resume", str(truncated), "--run-dir", str(tmp_path / "c")], ["eval", str(truncated)]):
-        proc = run_fleetrl(*command)
+        proc = run_fleetrl_in_process(*command)
         assert proc.returncode == 2 and "corrupt or truncated" in proc.stderr, proc.stderr
     for proc in (other_env, wrong):
         assert "Traceback" not in proc.stderr

@@ -20,7 +20,7 @@ from fleetrl.algos import sac, td3
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.nets_continuous import TwinQNetwork
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl, start_fleetrl_group
+from conftest import killed_on_exit, run_fleetrl, start_fleetrl, start_fleetrl_group, run_fleetrl_in_process
 from test_distributed import torchrun
 
 BOX = gym.spaces.Box(np.array([-1.0, -3.0], np.float32), np.array([1.0, 2.0], np.float32))
@@ -119,7 +119,7 @@ def test_eval_runs_the_trained_sac_policy_deterministically(pendulum_runs):
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_discrete_actions_are_refused_with_a_clear_error(algo, tmp_path):
     run_dir = tmp_path / "r"
-    proc = run_fleetrl("train", algo, "--env-id", "CartPole-v1", "--run-dir", str(run_dir), timeout=120)
+    proc = run_fleetrl_in_process("train", algo, "--env-id", "CartPole-v1", "--run-dir", str(run_dir))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert algo.upper() in proc.stderr and "CartPole-v1" in proc.stderr and "discrete" in proc.stderr, proc.stderr
     assert not run_dir.exists()

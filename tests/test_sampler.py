@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_fleetrl
+from conftest import run_fleetrl, run_fleetrl_in_process
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.algos.ppo import Agent, rollout
 from fleetrl.envs import make_vector_env
@@ -350,6 +350,6 @@ def test_async_batch_with_the_default_backend_picks_one_that_returns_the_first_e
 ])
 def test_async_batch_is_refused_before_the_start_naming_the_fix(tmp_path, flags, needle):
     argv = ["train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--num-envs", "4", "--run-dir", str(tmp_path / "r")]
-    proc = run_fleetrl(*argv, *(["--async-batch", "2"] if "--async-batch" not in flags else []), *flags, timeout=120)
+    proc = run_fleetrl_in_process(*argv, *(["--async-batch", "2"] if "--async-batch" not in flags else []), *flags)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import fleetrl_env, run_fleetrl
+from conftest import fleetrl_env, run_fleetrl, run_fleetrl_in_process
 from fleetrl.envs import env_family, make_vector_env
 from fleetrl.envs.probe import StepCost
 from fleetrl.envs.stepping import MAX_THREADS_PER_WORKER, plan_stepping
@@ -103,8 +103,8 @@ def test_the_flags_override_the_plan_and_are_printed(capsys):
     (["--env-threads", "2", "--env-backend", "sync"], "--env-backend sync has none"),
 ])
 def test_bad_stepping_flags_get_one_clear_error(tmp_path, flags, needle):
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--num-envs", "4", "--no-cuda", "--run-dir", str(tmp_path / "r"),
-                       *flags, timeout=120)
+    proc = run_fleetrl_in_process("train", "ppo", "--env-id", "CartPole-v1", "--num-envs", "4", "--no-cuda", "--run-dir", str(tmp_path / "r"),
+                       *flags)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists(), "refused before anything started"
 
