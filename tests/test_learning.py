@@ -1,4 +1,9 @@
-"""Learning actually happens, with the default hyperparameters and full step budgets."""
+"""Learning actually happens: one cheap check per algorithm, CleanRL's defaults but for the budget, each stopping as
+soon as it reaches its bar (--stop-at-return). The full-budget comparisons (PPO's three CartPole seeds to 475, DQN's
+500k steps against CleanRL's published return, SAC and TD3 to 950 on InvertedPendulum) are in
+benchmarks/learning_budgets.py, with their table in docs/benchmarks.md."""
+
+import json
 
 import numpy as np
 import pytest
@@ -8,6 +13,7 @@ from fleetrl.monitor.tbread import read_scalars
 from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group
 
 pytestmark = pytest.mark.slow
+PENDULUM = ["--env-id", "InvertedPendulum-v5", "--env-backend", "sync"]
 
 
 def best_rolling_mean(values, window):
@@ -17,28 +23,60 @@ def best_rolling_mean(values, window):
     return float(np.convolve(values, np.ones(window) / window, mode="valid").max())
 
 
-@pytest.mark.timeout(1500)
-def test_ppo_solves_cartpole_with_default_hyperparameters_for_two_of_three_seeds(tmp_path):
-    seeds = (1, 2, 3)
-    procs = {seed: start_fleetrl_group("train", "ppo", "--env-id", "CartPole-v1", "--seed", str(seed), "--torch-threads", "1",
-                                 "--run-dir", str(tmp_path / f"s{seed}"), "--no-cuda", "--checkpoint-every", "1000",
-                                 "--stop-at-return", "475", "--stop-window", "20")  # a seed that reaches it is done
-             for seed in seeds}
-    best = {}
-    with killed_on_exit(*procs.values()):
-        for seed, proc in procs.items():
-            out, _ = proc.communicate(timeout=1200)
-            assert proc.returncode == 0, out[-3000:]
-            returns = [p.value for p in read_scalars(tmp_path / f"s{seed}", "charts/episodic_return")]
-            best[seed] = best_rolling_mean(returns, 20)
-    assert sum(b >= 475 for b in best.values()) >= 2, f"best rolling mean of 20 episodes per seed: {best}"
+# what each algorithm must reach, and within how many steps. A random policy scores about 22 on CartPole-v1, 5 on
+# InvertedPendulum-v5 and 20 on CartPoleNoVel-v1; seed 1 reaches each bar in about half its budget (measured 2026-12-04).
+CHECKS = {
+    # PPO, CleanRL's ppo.py defaults: a rolling 10 of 200 in about 45k steps
+    "ppo": (["ppo", "--env-id", "CartPole-v1"], 100_000, 200),
+    # --policy-lag 1: the sampler thread acts one update behind, and it still learns
+    "ppo-lag": (["ppo", "--env-id", "CartPole-v1", "--policy-lag", "1"], 100_000, 200),
+    # the memory check: CartPoleNoVel-v1 hides the velocities; memoryless PPO stays near 50 (benchmarks/lstm_memory.py)
+    "ppo_lstm": (["ppo_lstm", "--env-id", "CartPoleNoVel-v1"], 30_000, 150),
+    # DQN with a 40k budget (its epsilon falls over 20k steps, learning from step 10k): 150 by about 25k
+    "dqn": (["dqn", "--env-id", "CartPole-v1"], 40_000, 150),
+    "sac": (["sac", *PENDULUM], 12_000, 300),
+    "td3": (["td3", *PENDULUM, "--learning-starts", "5000"], 20_000, 300),
+}
+
+
+@pytest.fixture(scope="module")
+def learning_runs(tmp_path_factory):
+    """Every check's run, two at a time (a torch thread each): {name: (run folder, output)}."""
+    root = tmp_path_factory.mktemp("learning")
+    results, names = {}, list(CHECKS)
+    for pair in (names[i : i + 2] for i in range(0, len(names), 2)):
+        procs = {}
+        for name in pair:
+            flags, budget, bar = CHECKS[name]
+            procs[name] = start_fleetrl_group("train", *flags, "--seed", "1", "--total-timesteps", str(budget), "--no-cuda",
+                                              "--torch-threads", "1", "--checkpoint-every", "1000", "--stop-at-return", str(bar),
+                                              "--stop-window", "10", "--run-dir", str(root / name))
+        with killed_on_exit(*procs.values()):
+            for name, proc in procs.items():
+                out, _ = proc.communicate(timeout=600)
+                results[name] = (root / name, proc.returncode, out)
+    return results
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_reaches_its_bar_within_its_budget_on_seed_1(learning_runs, name):
+    run_dir, returncode, out = learning_runs[name]
+    assert returncode == 0, out[-3000:]
+    _, budget, bar = CHECKS[name]
+    returns = [p.value for p in read_scalars(run_dir, "charts/episodic_return")]
+    best = best_rolling_mean(returns, 10)
+    assert best >= bar, f"{name}: best rolling mean of 10 episodes in {budget:,} steps: {best:.1f}, not {bar}"
+    if name == "ppo-lag":
+        assert "one update behind the learner" in out
+        assert [p.value for p in read_scalars(run_dir, "charts/policy_lag")][1:5] == [1, 1, 1, 1]
 
 
 @pytest.mark.timeout(1900)
 def test_ppo_continuous_solves_inverted_pendulum_and_eval_matches_training(tmp_path):
     pytest.importorskip("mujoco")
-    run_dir = tmp_path / "ip"
-    proc = run_fleetrl("train", "ppo", "--env-id", "InvertedPendulum-v5", "--total-timesteps", "150000", "--stop-at-return", "950",
+    run_dir = tmp_path / "ip"  # seed 1 reaches 950 at about 30k steps
+    proc = run_fleetrl("train", "ppo", *PENDULUM[:2], "--total-timesteps", "150000", "--stop-at-return", "950",
                        "--stop-window", "10", "--run-dir", str(run_dir), "--no-cuda", timeout=1200, threads=2)  # eval: the policy that reached it
     assert proc.returncode == 0, proc.stderr[-3000:]
     returns = [p.value for p in read_scalars(run_dir, "charts/episodic_return")]
@@ -46,7 +84,5 @@ def test_ppo_continuous_solves_inverted_pendulum_and_eval_matches_training(tmp_p
     last10 = float(np.mean(returns[-10:]))
     evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "10", "--json", timeout=600)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    import json
-
     result = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert result["mean_return"] >= 0.9 * last10, (result["mean_return"], last10)
