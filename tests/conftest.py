@@ -170,3 +170,27 @@ def slurm_cluster():
     require_slurm()
     with minicluster.running(owner_pid=os.getpid()) as cluster:  # a killed test run's cluster is removed by the next start
         yield cluster
+
+
+class FakeClock:
+    """A ``perf_counter`` that moves only when a test says so, for the phase timer (fleetrl/monitor/timing.py): the
+    accounting is then checked exactly, with no sleeps and no tolerance for a loaded machine."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def phase_clock(monkeypatch) -> FakeClock:
+    """The phase timer's clock, faked (create the PhaseTimer after asking for this)."""
+    from fleetrl.monitor import timing
+
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    return clock

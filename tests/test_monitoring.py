@@ -10,21 +10,30 @@ from fleetrl.monitor.timing import PhaseTimer
 from conftest import fleetrl_env, run_fleetrl
 
 
-def test_phases_nest_without_double_counting():
-    import time
-
+def test_phases_nest_without_double_counting_and_each_lap_reports_its_own_iteration(phase_clock):
+    # binary fractions of a second, so every sum and share is exact
     timer = PhaseTimer(distributed=True)
     with timer.learn:
-        time.sleep(0.02)
-        with timer.comm:
-            time.sleep(0.03)
+        phase_clock.advance(0.25)
+        with timer.comm:  # pauses learn
+            phase_clock.advance(0.5)
+        phase_clock.advance(0.125)  # learn again
     with timer.env:
-        time.sleep(0.01)
+        phase_clock.advance(0.0625)
+    phase_clock.advance(0.0625)  # in no phase: other
+    assert timer.lap() == {
+        "perf/env_time": 0.0625, "perf/env_share": 0.0625, "perf/inference_time": 0.0, "perf/inference_share": 0.0,
+        "perf/learn_time": 0.375, "perf/learn_share": 0.375, "perf/comm_time": 0.5, "perf/comm_share": 0.5,
+        "perf/other_time": 0.0625, "perf/other_share": 0.0625,
+    }
+    assert timer.last_lap_seconds == 1.0
+    with timer.inference:  # the next iteration counts from the last lap: 0.5 s of wall, a quarter of it inference
+        phase_clock.advance(0.125)
+    phase_clock.advance(0.375)
     perf = timer.lap()
-    assert perf["perf/comm_time"] == pytest.approx(0.03, abs=0.01)
-    assert perf["perf/learn_time"] == pytest.approx(0.02, abs=0.01)
-    total = sum(v for k, v in perf.items() if k.endswith("_share"))
-    assert total == pytest.approx(1.0, abs=1e-6)
+    assert (perf["perf/inference_time"], perf["perf/inference_share"], perf["perf/learn_time"], perf["perf/comm_time"]) == (0.125, 0.25, 0, 0)
+    assert (perf["perf/other_time"], perf["perf/other_share"]) == (0.375, 0.75)
+    assert "perf/wait_time" not in perf, "a phase never entered is not reported outside a distributed run's four"
 
 
 @pytest.mark.slow

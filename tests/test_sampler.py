@@ -316,24 +316,35 @@ def test_policy_lag_one_trains_cartpole(tmp_path):
 # ------------------------------------------------------------------------------------------ phase timing
 
 
-def test_timer_keeps_sampler_thread_phases_out_of_the_trainer_accounting():
+def test_timer_keeps_sampler_thread_phases_out_of_the_trainer_accounting(phase_clock):
+    # a sampler thread steps envs for 0.75 s while the trainer learns 0.25 s, then waits 0.5 s for it; 0.25 s other
     timer = PhaseTimer()
+    entered, release = threading.Event(), threading.Event()
 
     def sampler_thread():
         with timer.env:
-            time.sleep(0.06)
+            entered.set()
+            assert release.wait(timeout=30)
 
     thread = threading.Thread(target=sampler_thread)
     thread.start()
-    with timer.learn:
-        time.sleep(0.02)
-    with timer.wait:
-        thread.join()
+    try:
+        assert entered.wait(timeout=30)
+        with timer.learn:
+            phase_clock.advance(0.25)
+        with timer.wait:
+            phase_clock.advance(0.5)
+            release.set()
+            thread.join(timeout=30)
+        phase_clock.advance(0.25)
+    finally:
+        release.set()
+        thread.join(timeout=30)
     perf = timer.lap()
-    assert perf["perf/env_time"] == pytest.approx(0.06, abs=0.02)
-    assert perf["perf/wait_time"] == pytest.approx(0.04, abs=0.02)
+    assert (perf["perf/env_time"], perf["perf/env_share"]) == (0.75, 0.75)  # alongside the trainer's second
+    assert (perf["perf/learn_time"], perf["perf/wait_time"], perf["perf/other_time"]) == (0.25, 0.5, 0.25)
     on_trainer = perf["perf/learn_share"] + perf["perf/wait_share"] + perf["perf/inference_share"] + perf["perf/other_share"]
-    assert on_trainer == pytest.approx(1.0, abs=1e-6)  # the env phase ran alongside, outside this sum
+    assert on_trainer == 1.0  # the env phase ran alongside, outside this sum
 
 
 def test_async_batch_with_the_default_backend_picks_one_that_returns_the_first_envs_ready(tmp_path):
