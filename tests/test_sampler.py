@@ -3,6 +3,7 @@ trajectories, the policy-lag thread acts with whole versions of the weights, and
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -122,25 +123,46 @@ def test_gae_over_first_ready_batches_matches_each_envs_own_trajectory():
         np.testing.assert_allclose(got[mine], want[:, 0], rtol=1e-10, atol=1e-10)
 
 
-def test_first_ready_rollout_is_full_follows_each_env_and_a_slow_env_contributes_less():
-    # env 0 takes 10 ms a step, the others 0.2 ms; one env per worker, batches of the first 2 ready
-    fns = [MakeEnv("ShmCounting-v0", {"length": 6, "step_us": 10_000 if i == 0 else 200}) for i in range(4)]
+def test_first_ready_rollout_is_full_follows_each_env_and_a_slow_env_contributes_less(tmp_path):
+    # env 0 is held in its first step (a gate file) until the test lets it through: first-ready batches must fill
+    # rollouts from the others meanwhile, with no timing to race. One env per worker, batches of the first 2 ready.
+    gate = tmp_path / "gate"
+    fns = [MakeEnv("ShmCounting-v0", {"length": 6, **({"gate": str(gate)} if i == 0 else {})}) for i in range(4)]
     envs = SharedMemoryVectorEnv(fns, num_workers=4, async_batch=2)
     sampler = Sampler(envs, make_agent(envs), 16, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=100, timer=PhaseTimer(), async_batch=2)
+    trajectories = {env: ([], []) for env in range(4)}  # each env's observations and dones, over every rollout in order
+
+    def collect() -> np.ndarray:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a rollout that waits for the held env fails, not hangs
+            try:
+                buffer = pool.submit(sampler.collect).result(timeout=30)
+            except concurrent.futures.TimeoutError:
+                gate.touch()  # let it finish, so the pool's thread and the sampler close
+                raise AssertionError("the rollout waited for the env held in its step: first-ready batches must not") from None
+        assert buffer.env_ids.size == 4 * 16 and buffer.obs.shape[:2] == (32, 2)
+        for env in range(4):
+            trajectories[env][0].extend(buffer.obs[buffer.env_ids == env])
+            trajectories[env][1].extend(buffer.dones[buffer.env_ids == env])
+        sampler.weights_updated()
+        return np.bincount(buffer.env_ids.ravel(), minlength=4)
+
     try:
         assert sampler.mode == "first-ready"
-        for _ in range(2):
-            buffer = sampler.collect()
-            assert buffer.env_ids.size == 4 * 16 and buffer.obs.shape[:2] == (32, 2)
-            counts = np.bincount(buffer.env_ids.ravel(), minlength=4)
-            assert counts.sum() == 64 and counts[0] < counts[1:].min(), counts
-            for env in range(4):  # each env's transitions continue its own episodes: obs [seed, episode, t, noise]
-                obs, dones = buffer.obs[buffer.env_ids == env], buffer.dones[buffer.env_ids == env]
-                assert (obs[:, 0] == 100 + env).all()
-                for k in range(1, len(obs)):
-                    assert obs[k, 2] == (0 if dones[k - 1] else obs[k - 1, 2] + 1)
-            sampler.weights_updated()
+        for _ in range(2):  # env 0 still in its first step: the others fill both rollouts
+            counts = collect()
+            assert counts[0] == 0 and counts.sum() == 64 and (counts[1:] > 0).all(), counts
+        gate.touch()  # env 0 returns, and from now on steps as fast as the others
+        deadline = time.monotonic() + 60
+        while not trajectories[0][0]:
+            assert time.monotonic() < deadline, "env 0 never joined a rollout after it was let through"
+            collect()
+        for env in range(4):  # each env's transitions continue its own episodes across rollouts: obs [seed, episode, t, noise]
+            obs, dones = np.array(trajectories[env][0]), np.array(trajectories[env][1])
+            assert (obs[:, 0] == 100 + env).all() and (obs[0, 1:3] == 0).all()  # its reset observation comes first
+            for k in range(1, len(obs)):
+                assert obs[k, 2] == (0 if dones[k - 1] else obs[k - 1, 2] + 1), (env, k)
     finally:
+        gate.touch()
         sampler.close()
 
 
