@@ -5,7 +5,7 @@ import pytest
 
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group
+from conftest import killed_on_exit, require_module, run_fleetrl, start_fleetrl_group
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def test_ppo_solves_cartpole_with_default_hyperparameters_for_two_of_three_seeds
 
 @pytest.mark.timeout(1900)
 def test_ppo_continuous_solves_inverted_pendulum_and_eval_matches_training(tmp_path):
-    pytest.importorskip("mujoco")
+    require_module("mujoco", "mujoco")
     run_dir = tmp_path / "ip"
     proc = run_fleetrl("train", "ppo", "--env-id", "InvertedPendulum-v5", "--total-timesteps", "150000", "--stop-at-return", "950",
                        "--stop-window", "10", "--run-dir", str(run_dir), "--no-cuda", timeout=1200, threads=2)  # eval: the policy that reached it

@@ -14,6 +14,7 @@ import psutil
 import pytest
 import torch
 
+from conftest import require_module
 from fleetrl import runtime
 from fleetrl.envs import make_vector_env
 from fleetrl.errors import FleetError
@@ -206,7 +207,7 @@ def test_run_start_gives_a_cnn_the_free_cores_only_when_threads_spin_and_runs_ne
                                                                                              deterministic):
     # the thread count changes a CNN's gradients in the last bits: with --torch-deterministic (the default) the plan
     # never follows the load, so one command trains alike on a quiet and on a busy machine
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
     cores = os.cpu_count() or 1
     monkeypatch.setattr(runtime, "busy_cores_elsewhere", lambda *a, **k: cores - 1.0)  # every core but one is taken
     if passive:
