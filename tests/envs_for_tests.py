@@ -28,7 +28,8 @@ class CountingEnv(gym.Env):
     step ``t`` (1-based) is ``t``, so an episode of length L returns L(L+1)/2.
     Optional faults for the tests: ``raise_on_step`` (raise on that step of the first episode),
     ``raise_on_reset`` (raise in every reset), ``step_us`` (a busy loop per step, not a sleep), ``gate`` (a file
-    path: each step waits until that file exists, so a test holds the env in a step for as long as it needs).
+    path: each step waits until that file exists, so a test holds the env in a step for as long as it needs; a held
+    step creates ``<gate>.held`` first).
     """
 
     def __init__(self, length: int = COUNTING_LENGTH, raise_on_step: int | None = None,
@@ -59,6 +60,8 @@ class CountingEnv(gym.Env):
 
     def step(self, action):
         deadline = time.monotonic() + GATE_TIMEOUT_S
+        if self.gate is not None and not os.path.exists(self.gate):
+            open(f"{self.gate}.held", "a").close()  # tells the test a step is being held
         while self.gate is not None and not os.path.exists(self.gate):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"CountingEnv waited {GATE_TIMEOUT_S} s for its gate {self.gate}")

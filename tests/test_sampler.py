@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_fleetrl
+from conftest import require_module, run_fleetrl
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.algos.ppo import Agent, rollout
 from fleetrl.envs import make_vector_env
@@ -82,7 +82,7 @@ def test_split_rollout_gives_the_serial_batch_through_a_cnn():
 
 @pytest.mark.parametrize("backend", ["ale", "envpool"])
 def test_split_rollout_gives_the_serial_batch_on_native_backends(backend):
-    pytest.importorskip("ale_py" if backend == "ale" else "envpool")
+    require_module(*{"ale": ("ale_py", "atari"), "envpool": ("envpool", "envpool")}[backend])
     build = lambda: make_vector_env("BreakoutNoFrameskip-v4", 4, backend)  # noqa: E731
     _, serial = collect_rollouts(build(), split=False, rollouts=1, num_steps=40)
     mode, split = collect_rollouts(build(), split=None, rollouts=1, num_steps=40)
@@ -93,7 +93,7 @@ def test_split_rollout_gives_the_serial_batch_on_native_backends(backend):
 
 
 def test_envpool_split_rollout_gives_the_serial_batch_for_cartpole():
-    pytest.importorskip("envpool")
+    require_module("envpool", "envpool")
     from fleetrl.envs.native import EnvPoolVectorEnv
 
     build = lambda: EnvPoolVectorEnv("CartPole-v1", 4, training=True, family="classic", max_episode_steps=20)  # noqa: E731
@@ -194,18 +194,28 @@ def test_observations_are_normalised_without_reward_normalisation():
     assert np.abs(buffer.obs[1:].mean(axis=(0, 1))).max() < 2.0, "the stored observations are normalised, not raw ([seed, ...])"
 
 
-def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch, capsys):
+def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch, capsys, tmp_path):
     import fleetrl.sampling.sampler as sampler_module
 
     monkeypatch.setattr(sampler_module, "THREAD_JOIN_S", 0.2)
-    envs = SyncVectorEnv([MakeEnv("fleetrl_test_envs:Flaky-v0", {"fail_on_step": 3, "how": "hang"})] * 2)
-    closed = []
+    gate = tmp_path / "gate"  # the envs' steps hang until the test opens it
+    envs = SyncVectorEnv([MakeEnv("ShmCounting-v0", {"gate": str(gate)})] * 2)
+    close_envs, closed = envs.close, []
     envs.close = lambda: closed.append(True)
     sampler = Sampler(envs, make_agent(envs), 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
-    sampler._start_thread()
-    time.sleep(0.5)  # the thread is inside the hanging step
-    sampler.close()
-    assert not closed and "did not stop within 0.2 s" in capsys.readouterr().err
+    try:
+        sampler._start_thread()
+        deadline = time.monotonic() + 30
+        while not gate.with_name("gate.held").exists():  # the thread is inside the hanging step
+            assert time.monotonic() < deadline, "the sampler thread never stepped"
+            time.sleep(0.01)
+        sampler.close()
+        assert not closed and "did not stop within 0.2 s" in capsys.readouterr().err
+    finally:  # the step returns and the thread stops: nothing is left running into the next test
+        gate.touch()
+        sampler._thread.join(timeout=30)
+        close_envs()
+    assert not sampler._thread.is_alive(), "the sampler thread stops once its step returns"
 
 
 def test_first_ready_needs_a_backend_that_returns_the_first_envs_ready():
@@ -216,7 +226,7 @@ def test_first_ready_needs_a_backend_that_returns_the_first_envs_ready():
 
 def test_envpool_first_ready_keeps_same_step_autoreset_per_env():
     """Each env's results, returned a few at a time, equal stepping it alone with the same actions."""
-    pytest.importorskip("envpool")
+    require_module("envpool", "envpool")
     from fleetrl.envs.native import EnvPoolVectorEnv
 
     def action(env: int, t: int) -> int:
