@@ -225,3 +225,28 @@ def phase_clock(monkeypatch) -> FakeClock:
     clock = FakeClock()
     monkeypatch.setattr(timing, "time", clock)
     return clock
+
+
+# Hypothesis (tests/test_cli_fuzz.py): the "ci" profile by default (few examples, derandomised: every run tries the same
+# ones, no deadline); FLEETRL_HYPOTHESIS=full for a nightly run (many more, drawn afresh each time, so new cases turn up;
+# a failure prints the blob that replays it). Tests size their examples with hypothesis_examples(ci, full).
+HYPOTHESIS_PROFILES = ("ci", "full")
+HYPOTHESIS_PROFILE = os.environ.get("FLEETRL_HYPOTHESIS", "ci")
+if HYPOTHESIS_PROFILE not in HYPOTHESIS_PROFILES:
+    raise pytest.UsageError(f"FLEETRL_HYPOTHESIS={HYPOTHESIS_PROFILE!r}: give one of {', '.join(HYPOTHESIS_PROFILES)} (unset: ci).")
+try:
+    from hypothesis import HealthCheck, settings as _hypothesis_settings
+except ImportError:  # the dev extra is not installed: the fuzz tests are not collected either
+    pass
+else:
+    _hypothesis_settings.register_profile(
+        "ci", deadline=None, derandomize=True, database=None, print_blob=True,
+        # function-scoped fixtures only install sentinels, the same for every example; in-process calls vary in time
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    _hypothesis_settings.register_profile("full", _hypothesis_settings.get_profile("ci"), derandomize=False)
+    _hypothesis_settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def hypothesis_examples(ci: int, full: int) -> int:
+    """The examples a property test runs under the loaded profile."""
+    return full if HYPOTHESIS_PROFILE == "full" else ci
