@@ -140,7 +140,40 @@ def assert_same_learner(a: dict, b: dict) -> None:
             assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"optimizer state {ka}.{name} differs"
 
 
+from typing import NoReturn  # noqa: E402
+
 import pytest  # noqa: E402
+
+
+def skip_unless_ci(reason: str, ci_provides: bool = True) -> NoReturn:
+    """Skip the test (or the module, at its top) naming ``reason``; under ``CI=true`` fail instead wherever CI provides
+    what is missing. CI (.ci/run) is a root Debian machine with every extra installed (atari, mujoco, envpool, video,
+    tune, track, stats), Slurm, PostgreSQL and the Qt 5 runtime where apt is, so a skip there would hide that it stopped
+    running the test. ``ci_provides=False``: what is missing is not CI's to provide (a GPU, apt), so it skips there too."""
+    if ci_provides and os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true, where this test must run, but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_module(name: str, extra: str | None = None):
+    """``name`` imported, or :func:`skip_unless_ci` saying what to install (an ``extra`` of fleetrl)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - not installed, or installed and failing to import here (envpool)
+        fix = f"pip install 'fleetrl[{extra}]'" if extra else f"install {name.split('.')[0]}"
+        skip_unless_ci(f"{name} does not import here ({type(exc).__name__}: {exc}); {fix}")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "needs(module, extra): the test needs this module (from fleetrl's extra); it skips "
+                                       "without it, and fails under CI=true, which installs every extra")
+
+
+def pytest_runtest_setup(item) -> None:
+    for mark in item.iter_markers("needs"):  # a module's pytestmark, a test's mark or a pytest.param's marks
+        require_module(*mark.args, **mark.kwargs)
 
 
 def require_slurm() -> None:
@@ -151,9 +184,7 @@ def require_slurm() -> None:
     try:
         minicluster.check_prerequisites()
     except minicluster.MiniClusterError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true, so the Slurm tests must run, but: {exc}", pytrace=False)
-        pytest.skip(f"no Slurm cluster here: {exc}")
+        skip_unless_ci(f"no Slurm cluster here: {exc}")
 
 
 @pytest.fixture(scope="session")
@@ -194,3 +225,52 @@ def run_fleetrl_in_process(*args: str, cwd: str | Path | None = None) -> subproc
             traceback.print_exc()
             code = 1
     return subprocess.CompletedProcess(["fleetrl", *args], code, out.getvalue(), err.getvalue())
+
+
+class FakeClock:
+    """A ``perf_counter`` that moves only when a test says so, for the phase timer (fleetrl/monitor/timing.py): the
+    accounting is then checked exactly, with no sleeps and no tolerance for a loaded machine."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def phase_clock(monkeypatch) -> FakeClock:
+    """The phase timer's clock, faked (create the PhaseTimer after asking for this)."""
+    from fleetrl.monitor import timing
+
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    return clock
+
+
+# Hypothesis (tests/test_cli_fuzz.py): the "ci" profile by default (few examples, derandomised: every run tries the same
+# ones, no deadline); FLEETRL_HYPOTHESIS=full for a nightly run (many more, drawn afresh each time, so new cases turn up;
+# a failure prints the blob that replays it). Tests size their examples with hypothesis_examples(ci, full).
+HYPOTHESIS_PROFILES = ("ci", "full")
+HYPOTHESIS_PROFILE = os.environ.get("FLEETRL_HYPOTHESIS", "ci")
+if HYPOTHESIS_PROFILE not in HYPOTHESIS_PROFILES:
+    raise pytest.UsageError(f"FLEETRL_HYPOTHESIS={HYPOTHESIS_PROFILE!r}: give one of {', '.join(HYPOTHESIS_PROFILES)} (unset: ci).")
+try:
+    from hypothesis import HealthCheck, settings as _hypothesis_settings
+except ImportError:  # the dev extra is not installed: the fuzz tests are not collected either
+    pass
+else:
+    _hypothesis_settings.register_profile(
+        "ci", deadline=None, derandomize=True, database=None, print_blob=True,
+        # function-scoped fixtures only install sentinels, the same for every example; in-process calls vary in time
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    _hypothesis_settings.register_profile("full", _hypothesis_settings.get_profile("ci"), derandomize=False)
+    _hypothesis_settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def hypothesis_examples(ci: int, full: int) -> int:
+    """The examples a property test runs under the loaded profile."""
+    return full if HYPOTHESIS_PROFILE == "full" else ci

@@ -6,6 +6,7 @@ puts that folder on sys.path, and the backends pass sys.path on to their workers
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 from fleetrl.envs.wrappers import EpisodeStats
 
 COUNTING_LENGTH = 5  # steps before a Counting episode is truncated
+GATE_TIMEOUT_S = 60  # a gated step that is never let through fails rather than hang its worker
 
 
 class CountingEnv(gym.Env):
@@ -25,17 +27,20 @@ class CountingEnv(gym.Env):
     Action 1 terminates the episode; otherwise it is truncated after ``length`` steps. The reward of
     step ``t`` (1-based) is ``t``, so an episode of length L returns L(L+1)/2.
     Optional faults for the tests: ``raise_on_step`` (raise on that step of the first episode),
-    ``raise_on_reset`` (raise in every reset), ``step_us`` (a busy loop per step, not a sleep).
+    ``raise_on_reset`` (raise in every reset), ``step_us`` (a busy loop per step, not a sleep), ``gate`` (a file
+    path: each step waits until that file exists, so a test holds the env in a step for as long as it needs; a held
+    step creates ``<gate>.held`` first).
     """
 
     def __init__(self, length: int = COUNTING_LENGTH, raise_on_step: int | None = None,
-                 raise_on_reset: bool = False, step_us: float = 0.0):
+                 raise_on_reset: bool = False, step_us: float = 0.0, gate: str | None = None):
         self.observation_space = gym.spaces.Box(0, np.iinfo(np.int64).max, shape=(4,), dtype=np.int64)
         self.action_space = gym.spaces.Discrete(2)
         self.length = length
         self.raise_on_step = raise_on_step
         self.raise_on_reset = raise_on_reset
         self.step_us = step_us
+        self.gate = gate
         self._seed, self._episode, self._t, self._noise, self._total_steps = 0, 0, 0, 0, 0
 
     def _obs(self) -> np.ndarray:
@@ -54,6 +59,13 @@ class CountingEnv(gym.Env):
         return self._obs(), {}
 
     def step(self, action):
+        deadline = time.monotonic() + GATE_TIMEOUT_S
+        if self.gate is not None and not os.path.exists(self.gate):
+            open(f"{self.gate}.held", "a").close()  # tells the test a step is being held
+        while self.gate is not None and not os.path.exists(self.gate):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CountingEnv waited {GATE_TIMEOUT_S} s for its gate {self.gate}")
+            time.sleep(0.002)
         if self.step_us:
             end = time.perf_counter() + self.step_us * 1e-6
             while time.perf_counter() < end:  # burn CPU like a real simulator would

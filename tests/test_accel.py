@@ -77,12 +77,42 @@ def test_auto_precision_explains_its_choice_and_measures_only_real_options():
     mlp = Agent((4,), gym.spaces.Discrete(2))
     choice = choose_accel(mlp, "auto", False, torch.device("cpu"), gym.spaces.Box(-1, 1, (4,)), 64)
     native, why = native_bf16(torch.device("cpu"))
-    if not native:  # an MLP has no memory format to choose and this CPU emulates bf16: nothing to measure
+    assert choice.reason.startswith(why) and mlp.compute_dtype == choice.dtype
+    if native:  # an MLP has no memory format to choose, so fp32 against bf16 is all there is to measure
+        assert "measured" in choice.reason and "fp32" in choice.reason and "bf16" in choice.reason and not choice.channels_last
+    else:  # and this CPU emulates bf16: nothing to measure
         assert choice.dtype == torch.float32 and "no native bf16" in choice.reason and "measured" not in choice.reason
     cnn = Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4))
     choice = choose_accel(cnn, "fp32", False, torch.device("cpu"), IMAGE_SPACE, 32)
     assert choice.dtype == torch.float32 and "measured" in choice.reason and "channels-last" in choice.reason
     assert cnn.compute_dtype == torch.float32
+
+
+@pytest.mark.parametrize("flags, times_ms, want", [
+    ((), None, torch.float32),  # no native bf16: fp32 without measuring
+    (("avx512_bf16",), {"fp32": 10.0, "bf16": 5.0}, torch.bfloat16),  # native and clearly faster: bf16
+    (("amx_bf16",), {"fp32": 10.0, "bf16": 9.0}, torch.float32),  # native but within the margin: fp32 stays
+])
+def test_auto_precision_for_an_mlp_follows_native_bf16_and_the_measurement(tmp_path, monkeypatch, flags, times_ms, want):
+    """Whatever this CPU has: the CPU's flags and the timings are given, so each branch of the auto choice is checked."""
+    import fleetrl.accel as accel
+
+    monkeypatch.setenv("FLEETRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(accel, "_cpu_flags", lambda: {"sse2", "avx2", *flags})
+    measured = []
+
+    def time_steps(model, settings, example_obs, device):
+        measured.append(sorted(s.label for s in settings))
+        return {s: times_ms[s.label] / 1e3 for s in settings}
+
+    monkeypatch.setattr(accel, "_time_training_steps", time_steps)
+    mlp = Agent((4,), gym.spaces.Discrete(2))
+    choice = choose_accel(mlp, "auto", False, torch.device("cpu"), gym.spaces.Box(-1, 1, (4,)), 64)
+    assert choice.dtype == want and mlp.compute_dtype == want and not choice.channels_last
+    if times_ms is None:
+        assert measured == [] and "no native bf16" in choice.reason
+    else:
+        assert measured == [["bf16", "fp32"]] and f"this CPU has {flags[0]}" in choice.reason and "measured" in choice.reason
 
 
 def test_the_measured_choice_is_cached_so_a_busy_machine_repeats_it(tmp_path, monkeypatch):
@@ -131,15 +161,65 @@ def test_compile_falls_back_to_eager_when_the_compiler_fails(tmp_path, monkeypat
     assert "done: 2,048 steps" in proc.stdout
 
 
+# runs `fleetrl` in a process that counts which path each learner step took, and the graphs torch.compile made
+COUNTING_DRIVER = """
+import json, sys
+import torch
+from fleetrl import accel, cli
+
+calls = {"compiled": 0, "eager": 0}
+
+
+class CountedStep(accel.CompiledStep):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        compiled_fn, fn = self.compiled_fn, self.fn
+
+        def compiled(*a, **k):
+            calls["compiled"] += 1
+            return compiled_fn(*a, **k)
+
+        def eager(*a, **k):
+            calls["eager"] += 1
+            return fn(*a, **k)
+
+        self.compiled_fn, self.fn = compiled, eager
+
+
+accel.CompiledStep = CountedStep
+try:
+    cli.main(sys.argv[1:])
+finally:
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] if "torch._dynamo" in sys.modules else 0
+    print("learner steps:", json.dumps({**calls, "graphs": graphs}), flush=True)
+"""
+
+
 @pytest.mark.slow
 def test_compile_trains_the_same_as_eager_when_it_works(tmp_path):
-    """Compiled and eager learner steps give the same run, to float rounding."""
-    returns = {}
+    """Compiled and eager learner steps give the same run, to float rounding; and with --compile every learner step
+    really ran the compiled function (a silent fallback to eager would make the comparison vacuous)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import fleetrl_env
+
+    models, steps = {}, {}
     for flag in ("--compile", "--no-compile"):
-        proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", flag, "--total-timesteps", "4096", "--env-backend", "sync",
-                           "--run-dir", str(tmp_path / flag), "--no-progress", timeout=300)
+        # 4096 steps: 8 iterations of 4 epochs of 4 minibatches (CartPole's defaults), so 128 learner steps
+        proc = subprocess.run([sys.executable, "-c", COUNTING_DRIVER, "train", "ppo", "--env-id", "CartPole-v1", flag,
+                               "--total-timesteps", "4096", "--env-backend", "sync", "--run-dir", str(tmp_path / flag),
+                               "--no-progress"], capture_output=True, text=True, timeout=300, env=fleetrl_env())
         assert proc.returncode == 0, proc.stderr[-3000:]
-        state = torch.load(next((tmp_path / flag / "checkpoints").glob("*.pt")), weights_only=True)
-        returns[flag] = state["model"]
-    for name, value in returns["--compile"].items():
-        torch.testing.assert_close(value, returns["--no-compile"][name], atol=1e-4, rtol=1e-3)
+        assert "torch.compile failed" not in proc.stderr and "continues eager" not in proc.stderr, proc.stderr[-3000:]
+        steps[flag] = json.loads(proc.stdout.split("learner steps:")[-1])
+        models[flag] = torch.load(next((tmp_path / flag / "checkpoints").glob("*.pt")), weights_only=True)["model"]
+        if flag == "--compile":
+            assert "compile: learner step compiled in" in proc.stdout, proc.stdout[-3000:]
+    # the compiled function ran the 128 steps (and once more for the check that it compiles), eager never
+    assert steps["--compile"]["compiled"] == 128 + 1 and steps["--compile"]["eager"] == 0, steps
+    assert steps["--compile"]["graphs"] >= 1, f"torch.compile made no graph: the 'compiled' step ran eager ({steps})"
+    assert steps["--no-compile"] == {"compiled": 0, "eager": 0, "graphs": 0}, steps
+    for name, value in models["--compile"].items():
+        torch.testing.assert_close(value, models["--no-compile"][name], atol=1e-4, rtol=1e-3)

@@ -7,9 +7,9 @@ import pytest
 from fleetrl.envs import atari, make_vector_env
 from fleetrl.envs.vector import episode_stats
 
-from conftest import run_fleetrl
+from conftest import require_module, run_fleetrl
 
-pytest.importorskip("ale_py")
+pytestmark = pytest.mark.needs("ale_py", "atari")
 
 
 class RawGameScore(gym.Wrapper):
@@ -88,7 +88,7 @@ def test_short_breakout_training_run_end_to_end(tmp_path):
 @pytest.mark.parametrize("backend", ["async", "ale", "envpool"])
 def test_ppo_trains_breakout_end_to_end_on_each_backend(tmp_path, backend):
     if backend == "envpool":
-        pytest.importorskip("envpool")
+        require_module("envpool", "envpool")
     run_dir = tmp_path / backend
     proc = run_fleetrl("train", "ppo", "--env-id", "BreakoutNoFrameskip-v4", "--env-backend", backend, "--num-envs", "4",
                        "--num-steps", "32", "--total-timesteps", "256", "--run-dir", str(run_dir), "--no-cuda", timeout=600, threads=2)

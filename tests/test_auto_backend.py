@@ -7,7 +7,7 @@ import pytest
 from fleetrl.envs import auto, env_family, make_vector_env
 from fleetrl.envs.auto import choose_backend
 
-from conftest import run_fleetrl
+from conftest import require_module, run_fleetrl
 
 
 def test_cheap_envs_stay_in_process():
@@ -53,7 +53,7 @@ def test_with_both_atari_backends_auto_takes_ale_without_timing_them(monkeypatch
 
 
 def test_capture_video_keeps_atari_on_python_envs(monkeypatch):
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
     family = env_family(BREAKOUT)
     assert choose_backend(BREAKOUT, family, num_envs=8, cores=2, need_frames=True).backend in ("sync", "async")
 
@@ -89,7 +89,7 @@ def _hogs(count: int) -> list:
 def test_one_command_and_seed_train_alike_on_a_quiet_and_on_a_loaded_machine(tmp_path):
     """The backend (Atari), the thread plan and the precision are chosen the same whatever the load, so the run is the
     same: its losses and returns match exactly."""
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
     import os
 
     from fleetrl.monitor.tbread import read_scalars, scalar_tags

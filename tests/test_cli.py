@@ -48,7 +48,6 @@ def test_unknown_command_and_missing_algorithm():
 
 
 def test_cuda_without_a_gpu_falls_back_to_cpu_with_one_warning(tmp_path):
-    pytest.importorskip("torch")
     import torch
 
     if torch.cuda.is_available():

@@ -1,5 +1,6 @@
 """Fuzzed command lines: random and boundary values (0, negatives, NaN, inf, huge numbers, empty strings,
-unknown flags, paths that do not exist) thrown at `fleetrl train ppo`, `eval`, `bench-env` and `benchmark`.
+unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, dqn, sac, td3), `eval`, `bench-env`,
+`benchmark`, `tune`, `plot`, `compare` and `preflight`.
 
 Two properties per command:
 * numbers: every other flag valid, a few numeric flags drawn from boundary and random numbers. A value
@@ -12,16 +13,25 @@ Two properties per command:
 Either way nothing is written outside the run folder: each call runs in a fresh working directory, and the
 folder above it is checked too.
 
-The calls run in-process (``fleetrl.cli.main``), so hundreds fit in seconds. A call that starts is stopped
-early by sentinels patched into the engine: after its first iteration, or before building more envs or a
-bigger batch than a test should (a valid configuration, so starting is all there is to prove). A handful of
-real subprocess calls (marked slow) check the same end to end.
+The calls run in-process (``fleetrl.cli.main``). A call that starts is stopped early by sentinels patched into the
+engine: after its first iteration, or before building more envs, a bigger batch or replay buffer, a learner process,
+a tuning trial, a figure or a bootstrap than a test should (a valid configuration, so starting is all there is to
+prove). A handful of real subprocess calls (marked slow) check the same end to end.
+
+Example counts: hypothesis's "ci" profile (tests/conftest.py) is the default: a few examples per command,
+derandomised, so every run tries the same command lines, and no deadline. The nightly run draws many more, afresh
+each time (a failure prints the blob that replays it):
+
+    FLEETRL_HYPOTHESIS=full .venv/bin/python -m pytest tests/test_cli_fuzz.py
+
+``FLEETRL_FUZZ_SHOW=1 pytest -s tests/test_cli_fuzz.py`` prints each command line and how it ended.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import os
 import shutil
@@ -33,18 +43,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fleetrl import cli
 
-from conftest import run_fleetrl
+from conftest import hypothesis_examples, require_module, run_fleetrl
 
-# function-scoped fixtures only install the sentinels, the same for every example
-FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+def fuzz(ci: int, full: int) -> settings:
+    """``ci`` examples under the default profile, ``full`` under FLEETRL_HYPOTHESIS=full (the rest: the profile's)."""
+    return settings(max_examples=hypothesis_examples(ci, full))
+
+
 MAX_ENVS = 8  # a started call with more envs than this stops before building them
-MAX_BATCH = 2048  # ... or before allocating a larger rollout
-MAX_MINIBATCHES = 256  # ... or after this many minibatch updates (a huge --update-epochs)
+MAX_BATCH = 2048  # ... or before allocating a larger rollout or sampling a larger replay batch
+MAX_MINIBATCHES = 256  # ... or after this many minibatch (or off-policy) updates (a huge --update-epochs)
+MAX_BUFFER = 100_000  # ... or before allocating a larger replay buffer
 ECHO = [sys.executable, "-c", "print('ok')"]  # a benchmark command that costs no training
 
 
@@ -183,30 +198,74 @@ def real(low: float, high: float = math.inf, open_low: bool = False):
 
 SEED = whole(0, 2**31 - 1)
 COEF_MAX = 1e30  # loss coefficients stay far below float32's largest (3.4e38)
-TRAIN_RANGES = {
+POSITIVE, NON_NEGATIVE, FRACTION = real(0, COEF_MAX, open_low=True), real(0, COEF_MAX), real(0, 1)
+COMMON_RANGES = {  # every algorithm's
     "--seed": (ints, SEED),
     "--total-timesteps": (ints, whole(1)),
-    "--learning-rate": (floats, real(0, COEF_MAX, open_low=True)),
     "--num-envs": (ints, whole(1)),
-    "--num-steps": (ints, whole(1)),
-    "--gamma": (floats, real(0, 1)),
-    "--gae-lambda": (floats, real(0, 1)),
-    "--num-minibatches": (ints, whole(1)),
-    "--update-epochs": (ints, whole(1)),
-    "--clip-coef": (floats, real(0, COEF_MAX, open_low=True)),
-    "--ent-coef": (floats, real(0, COEF_MAX)),
-    "--vf-coef": (floats, real(0, COEF_MAX)),
-    "--max-grad-norm": (floats, real(0, COEF_MAX, open_low=True)),
-    "--target-kl": (floats, real(0, COEF_MAX, open_low=True)),
-    "--async-batch": (ints, whole(1)),
-    "--policy-lag": (ints, whole(0, 1)),
-    "--sticky-actions": (floats, real(0, 1)),
+    "--sticky-actions": (floats, FRACTION),
     "--checkpoint-every": (ints, whole(1)),
+    "--stop-at-return": (floats, real(-math.inf)),  # any finite return
+    "--stop-window": (ints, whole(1)),
     "--keep-checkpoints": (ints, whole(1)),
     "--torch-threads": (ints, whole(1, 1024)),
     "--dist-timeout": (floats, real(0, 1e9, open_low=True)),
     "--max-env-restarts": (ints, whole(0)),
     "--env-timeout": (floats, real(0, 1e9)),
+    "--env-workers": (ints, whole(1, 4096)),
+    "--env-threads": (ints, whole(1, 4096)),
+}
+PPO_RANGES = {  # ppo and ppo_lstm
+    **COMMON_RANGES,
+    "--learning-rate": (floats, POSITIVE),
+    "--num-steps": (ints, whole(1)),
+    "--gamma": (floats, FRACTION),
+    "--gae-lambda": (floats, FRACTION),
+    "--num-minibatches": (ints, whole(1)),
+    "--update-epochs": (ints, whole(1)),
+    "--clip-coef": (floats, POSITIVE),
+    "--ent-coef": (floats, NON_NEGATIVE),
+    "--vf-coef": (floats, NON_NEGATIVE),
+    "--max-grad-norm": (floats, POSITIVE),
+    "--target-kl": (floats, POSITIVE),
+    "--async-batch": (ints, whole(1)),
+    "--policy-lag": (ints, whole(0, 1)),
+    "--frame-stack": (ints, whole(1, 16)),
+}
+OFFPOLICY_RANGES = {
+    **COMMON_RANGES,
+    "--buffer-size": (ints, whole(1)),
+    "--gamma": (floats, FRACTION),
+    "--tau": (floats, FRACTION),
+    "--batch-size": (ints, whole(1)),
+    "--learning-starts": (ints, whole(0)),
+}
+DQN_RANGES = {
+    **OFFPOLICY_RANGES,
+    "--learning-rate": (floats, POSITIVE),
+    "--target-network-frequency": (ints, whole(1)),
+    "--start-e": (floats, FRACTION),
+    "--end-e": (floats, FRACTION),
+    "--exploration-fraction": (floats, real(0, 1, open_low=True)),
+    "--train-frequency": (ints, whole(1)),
+    # not "--policy-lag": dqn checks it apart from its range table (check_policy_lag), so with another flag out of range
+    # only that one is named (found by the full profile); tests/test_learner.py pins that message for now
+}
+SAC_RANGES = {
+    **OFFPOLICY_RANGES,
+    "--policy-lr": (floats, POSITIVE),
+    "--q-lr": (floats, POSITIVE),
+    "--policy-frequency": (ints, whole(1)),
+    "--target-network-frequency": (ints, whole(1)),
+    "--alpha": (floats, NON_NEGATIVE),
+}
+TD3_RANGES = {
+    **OFFPOLICY_RANGES,
+    "--learning-rate": (floats, POSITIVE),
+    "--policy-noise": (floats, NON_NEGATIVE),
+    "--exploration-noise": (floats, NON_NEGATIVE),
+    "--policy-frequency": (ints, whole(1)),
+    "--noise-clip": (floats, NON_NEGATIVE),
 }
 EVAL_RANGES = {"--episodes": (ints, whole(1)), "--seed": (ints, SEED)}
 BENCH_ENV_RANGES = {"--seconds": (floats, real(0, open_low=True)), "--repeats": (ints, whole(1)), "--async-batch": (ints, whole(1))}
@@ -232,18 +291,27 @@ def numeric_flags(draw, ranges: dict, junk: bool = False, max_flags: int = 3) ->
 # ---- train ----------------------------------------------------------------------------------------
 
 # what a refusal by a check across flags says (the flags' values each in range)
+# --env-workers / --env-threads need worker processes, and a worker needs an env
+ENGINE_ACROSS = ("and --env-backend sync has none", "must be between 1 and the envs of this process")
 TRAIN_ACROSS = ("does not split", "do not split", "leaves 1 sample per minibatch", "--async-batch", "less than one batch",
-                "The loss became non-finite")
+                "The loss became non-finite", *ENGINE_ACROSS)
+OFFPOLICY_ACROSS = ("is smaller than --batch-size", "cannot hold one step of", "is not below --total-timesteps", "less than one iteration", "do not split",
+                    "does not split", "The loss became non-finite", *ENGINE_ACROSS)
 
 
 @pytest.fixture
 def engine_sentinels(monkeypatch):
     """Stop a started training run after its first iteration, or before it builds more than a test should."""
+    import fleetrl.algos.dqn as dqn
     import fleetrl.algos.ppo as ppo
+    import fleetrl.algos.sac as sac
+    import fleetrl.algos.td3 as td3
     import fleetrl.monitor.trainlog as trainlog
+    import fleetrl.offpolicy as offpolicy
     import fleetrl.run as run
 
-    real_make, real_sampler, real_loss = run.make_vector_env, ppo.Sampler, ppo.ppo_loss
+    real_make, real_sampler, real_loss, real_replay = run.make_vector_env, ppo.Sampler, ppo.ppo_loss, offpolicy.make_replay
+    real_learner, real_step = run.Learner, offpolicy.optimizer_step
     calls = {"loss": 0}
 
     def make_vector_env(env_id, num_envs, *args, **kwargs):
@@ -257,11 +325,23 @@ def engine_sentinels(monkeypatch):
             raise Started(f"a batch of {envs.num_envs * num_steps}")
         return real_sampler(envs, agent, num_steps, *args, **kwargs)
 
-    def ppo_loss(*args, **kwargs):
-        calls["loss"] += 1
-        if calls["loss"] > MAX_MINIBATCHES:
-            raise Started("many minibatch updates")
-        return real_loss(*args, **kwargs)
+    def counted(real):
+        def update(*args, **kwargs):
+            calls["loss"] += 1
+            if calls["loss"] > MAX_MINIBATCHES:
+                raise Started("many minibatch updates")
+            return real(*args, **kwargs)
+        return update
+
+    def make_replay(run_, envs):
+        if run_.args.buffer_size > MAX_BUFFER or run_.args.batch_size > MAX_BATCH:
+            raise Started(f"a replay buffer of {run_.args.buffer_size} sampled {run_.args.batch_size} at a time")
+        return real_replay(run_, envs)
+
+    def learner(updates, acting, owned, lag, *args, **kwargs):
+        if lag:
+            raise Started("a learner process")  # --policy-lag 1: a forked process of its own
+        return real_learner(updates, acting, owned, lag, *args, **kwargs)
 
     class Progress(trainlog.Progress):
         def update(self, step, *args, **kwargs):
@@ -270,8 +350,13 @@ def engine_sentinels(monkeypatch):
             super().update(step, *args, **kwargs)
 
     monkeypatch.setattr(run, "make_vector_env", make_vector_env)  # the session builds the envs
-    monkeypatch.setattr(ppo, "Sampler", sampler)
-    monkeypatch.setattr(ppo, "ppo_loss", ppo_loss)
+    monkeypatch.setattr(run, "Learner", learner)
+    monkeypatch.setattr(ppo, "Sampler", sampler)  # ppo_lstm trains through ppo.train
+    monkeypatch.setattr(ppo, "ppo_loss", counted(real_loss))
+    for module in (offpolicy, sac, td3):
+        monkeypatch.setattr(module, "make_replay", make_replay)  # dqn calls offpolicy.make_replay
+    for module in (dqn, sac, td3):
+        monkeypatch.setattr(module, "optimizer_step", counted(real_step))
     monkeypatch.setattr(trainlog, "Progress", Progress)
 
 
@@ -283,26 +368,70 @@ def train_sizes(draw) -> list[str]:
             draw(st.sampled_from(["1", "2"])), "--total-timesteps", str(num_envs * num_steps)]
 
 
-@settings(FUZZ, max_examples=150)
-@given(sizes=train_sizes(), numbers=numeric_flags(TRAIN_RANGES))
-def test_train_refuses_every_number_out_of_its_range_and_starts_with_the_others(sizes, numbers, engine_sentinels):
+@st.composite
+def offpolicy_sizes(draw) -> list[str]:
+    """One iteration (100 steps of each env), learning from its second half, from a small buffer."""
+    num_envs = draw(st.sampled_from([1, 2]))
+    return ["--num-envs", str(num_envs), "--total-timesteps", str(100 * num_envs), "--learning-starts", str(50 * num_envs),
+            "--buffer-size", "1000", "--batch-size", draw(st.sampled_from(["8", "32"]))]
+
+
+# algorithm: (its env here, the sizes of a one-iteration run, its flags' ranges, what a check across flags says)
+ALGOS = {
+    "ppo": ("CartPole-v1", train_sizes, PPO_RANGES, TRAIN_ACROSS),
+    "ppo_lstm": ("CartPole-v1", train_sizes, PPO_RANGES, TRAIN_ACROSS + ("sequence", "split evenly")),
+    "dqn": ("CartPole-v1", offpolicy_sizes, DQN_RANGES, OFFPOLICY_ACROSS),
+    "sac": ("Pendulum-v1", offpolicy_sizes, SAC_RANGES, OFFPOLICY_ACROSS),
+    "td3": ("Pendulum-v1", offpolicy_sizes, TD3_RANGES, OFFPOLICY_ACROSS),
+}
+
+
+def check_train_numbers(algo: str, sizes: list[str], numbers: tuple[list[str], list[str]]) -> None:
+    env_id, _, _, across = ALGOS[algo]
     flags, bad = numbers
     with workspace() as cwd:
-        outcome = call(["train", "ppo", "--env-backend", "sync", "--no-progress", "--run-dir", "run", *sizes, *flags])
+        outcome = call(["train", algo, "--env-id", env_id, "--env-backend", "sync", "--no-progress", "--run-dir", "run", *sizes, *flags])
         check_clean(outcome)
-        check_ranges(outcome, bad, TRAIN_ACROSS)
+        check_ranges(outcome, bad, across)
         check_writes(cwd, set(), {"run"}, outcome)
         if bad:
             assert not (cwd / "run").exists(), "a refused run created its folder"
 
 
+@fuzz(ci=25, full=300)
+@given(sizes=train_sizes(), numbers=numeric_flags(PPO_RANGES))
+# the engine's flags, each drawn at least once whatever the profile draws
+@example(sizes=["--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"], numbers=(["--stop-at-return", "nan", "--stop-window", "0"], ["--stop-at-return", "--stop-window"]))
+@example(sizes=["--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"], numbers=(["--stop-at-return", "-5.0", "--stop-window", "3"], []))
+@example(sizes=["--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"], numbers=(["--env-workers", "0", "--env-threads", "5000"], ["--env-workers", "--env-threads"]))
+@example(sizes=["--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"], numbers=(["--env-workers", "1", "--env-threads", "2"], []))
+@example(sizes=["--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"], numbers=(["--frame-stack", "17"], ["--frame-stack"]))
+@example(sizes=["--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"], numbers=(["--frame-stack", "2"], []))
+def test_train_refuses_every_number_out_of_its_range_and_starts_with_the_others(sizes, numbers, engine_sentinels):
+    check_train_numbers("ppo", sizes, numbers)
+
+
+@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "sac", "td3"])
+def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_the_others(algo, engine_sentinels):
+    _, sizes, ranges, _ = ALGOS[algo]
+
+    @fuzz(ci=10, full=150)
+    @given(sizes=sizes(), numbers=numeric_flags(ranges))
+    def check(sizes, numbers):
+        check_train_numbers(algo, sizes, numbers)
+
+    check()
+
+
 @st.composite
 def train_junk(draw) -> tuple[list[str], str | None]:
+    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "sac", "td3"]))
+    env_id, sizes, ranges, _ = ALGOS[algo]
     run_dir = draw(st.sampled_from(["run", "run", "nested/deeper/run", "", ".", None]))
-    argv = ["train", "ppo", *(["--run-dir", run_dir] if run_dir is not None else [])]
+    argv = ["train", algo, *(["--run-dir", run_dir] if run_dir is not None else [])]
     argv += ["--env-backend", draw(st.sampled_from(["sync"] * 6 + ["auto", "async", "", "nope"]))]
-    argv += ["--env-id", draw(st.sampled_from(["CartPole-v1"] * 6 + ["Pendulum-v1", "", "NoSuchEnv-v0", "no_such_module:Env-v0"]))]
-    argv += draw(train_sizes()) + draw(numeric_flags(TRAIN_RANGES, junk=True))[0]
+    argv += ["--env-id", draw(st.sampled_from([env_id] * 6 + ["Pendulum-v1", "CartPole-v1", "", "NoSuchEnv-v0", "no_such_module:Env-v0"]))]
+    argv += draw(sizes()) + draw(numeric_flags(ranges, junk=True))[0]
     options = {"--resume": ["auto", "missing.pt", "", "run"], "--precision": ["fp32", "bf16", "", "fp16"],
                "--actor-device": ["cpu", "learner", "gpu", ""], "--exp-name": ["", "a/b", "x"]}
     for extra in draw(st.lists(st.sampled_from(["--no-progress", "--no-cuda", "--no-norm-adv", *options, *UNKNOWN_FLAGS]),
@@ -311,7 +440,7 @@ def train_junk(draw) -> tuple[list[str], str | None]:
     return argv, run_dir
 
 
-@settings(FUZZ, max_examples=120)
+@fuzz(ci=25, full=300)
 @given(case=train_junk())
 def test_fuzzed_train_command_lines_start_or_fail_cleanly(case, engine_sentinels):
     argv, run_dir = case
@@ -393,7 +522,7 @@ def first_episodes(monkeypatch):
     monkeypatch.setattr(evaluate, "episode_stats", episode_stats)
 
 
-@settings(FUZZ, max_examples=40)
+@fuzz(ci=8, full=60)
 @given(kind=st.sampled_from(CHECKPOINTS), numbers=numeric_flags(EVAL_RANGES))
 def test_eval_refuses_every_number_out_of_its_range(kind, numbers, trained_run, first_episodes):
     flags, bad = numbers
@@ -415,7 +544,7 @@ def eval_junk(draw) -> tuple[str, list[str]]:
     return kind, flags
 
 
-@settings(FUZZ, max_examples=60)
+@fuzz(ci=12, full=100)
 @given(case=eval_junk())
 def test_fuzzed_eval_command_lines_start_or_fail_cleanly(case, trained_run, first_episodes):
     kind, flags = case
@@ -454,7 +583,7 @@ def short_measurements(monkeypatch):
     monkeypatch.setattr(bench_env, "measure", measure)
 
 
-@settings(FUZZ, max_examples=50)
+@fuzz(ci=10, full=80)
 @given(numbers=numeric_flags(BENCH_ENV_RANGES))
 def test_bench_env_refuses_every_number_out_of_its_range(numbers, short_measurements):
     flags, bad = numbers
@@ -474,7 +603,7 @@ def bench_env_junk(draw) -> list[str]:
     return argv + draw(st.lists(st.sampled_from(["--json", *UNKNOWN_FLAGS]), max_size=1))
 
 
-@settings(FUZZ, max_examples=60)
+@fuzz(ci=10, full=100)
 @given(argv=bench_env_junk())
 def test_fuzzed_bench_env_command_lines_start_or_fail_cleanly(argv, short_measurements):
     with workspace() as cwd:
@@ -501,7 +630,7 @@ def small_grids(monkeypatch):
     monkeypatch.setattr(benchmark, "run_grid", run_grid)
 
 
-@settings(FUZZ, max_examples=40)
+@fuzz(ci=8, full=60)
 @given(numbers=numeric_flags(BENCHMARK_RANGES))
 def test_benchmark_refuses_every_number_out_of_its_range(numbers, small_grids):
     flags, bad = numbers
@@ -526,7 +655,7 @@ def benchmark_junk(draw) -> tuple[list[str], str | None]:
     return argv, out
 
 
-@settings(FUZZ, max_examples=50)
+@fuzz(ci=10, full=80)
 @given(case=benchmark_junk())
 def test_fuzzed_benchmark_command_lines_start_or_fail_cleanly(case, small_grids):
     argv, out = case
@@ -535,6 +664,235 @@ def test_fuzzed_benchmark_command_lines_start_or_fail_cleanly(case, small_grids)
         outcome = call(argv)
         check_clean(outcome)
         check_writes(cwd, {"afile"}, {top(out)} if out else {"runs"}, outcome)
+
+
+# ---- tune ---------------------------------------------------------------------------------------
+
+TUNE_RANGES = {
+    "--trials": (ints, whole(0, 1_000_000)),
+    "--parallel": (ints, whole(1)),
+    "--num-seeds": (ints, whole(1, 1000)),
+    "--start-seed": (ints, SEED),
+    "--sampler-seed": (ints, whole(0, 2**32 - 1)),
+    "--random-trials": (ints, whole(0)),
+    "--prune-after-trials": (ints, whole(0)),
+    "--prune-warmup": (floats, FRACTION),
+    "--last-episodes": (ints, whole(1)),
+    "--report-every": (ints, whole(1)),
+    "--trial-timeout": (floats, real(0, 1e9, open_low=True)),
+    "--stale-after": (floats, real(3, 1e9)),
+    "--slurm-workers": (ints, whole(1, 10_000)),
+    "--slurm-cpus-per-task": (ints, whole(1)),
+}
+SPACE = "learning-rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\nupdate-epochs: {type: int, low: 1, high: 4}\n"
+SPACES = {"space.yaml": SPACE, "empty.yaml": "", "bad.yaml": "learning-rate: {type: float, low: [\n",
+          "unknown.yaml": "no-such-flag: {type: int, low: 1, high: 2}\n", "inverted.yaml": "update-epochs: {type: int, low: 5, high: 1}\n"}
+TUNED = ["fleetrl", "train", "ppo", "--total-timesteps", "1000"]
+
+
+@pytest.fixture
+def no_trials(monkeypatch):
+    """A tuner that got past every check (its study open) stops before it starts a trial."""
+    require_module("optuna", "tune")
+    import fleetrl.tools.tune.cli as tune_cli
+
+    def tuner(*args, **kwargs):
+        raise Started("the tuner")
+
+    monkeypatch.setattr(tune_cli, "Tuner", tuner)
+
+
+def tune_workspace(cwd: Path) -> set[str]:
+    for name, text in SPACES.items():
+        (cwd / name).write_text(text)
+    return listing(cwd)
+
+
+@fuzz(ci=10, full=80)
+@given(numbers=numeric_flags(TUNE_RANGES))
+def test_tune_refuses_every_number_out_of_its_range(numbers, no_trials):
+    flags, bad = numbers
+    with workspace() as cwd:
+        before = tune_workspace(cwd)
+        outcome = call(["tune", "--env-ids", "CartPole-v1", "--search", "space.yaml", "--out", "out", *flags, "--", *TUNED])
+        check_clean(outcome)
+        check_ranges(outcome, bad, ("--report-every",))  # past --total-timesteps
+        check_writes(cwd, before, {"out"}, outcome)
+
+
+@st.composite
+def tune_junk(draw) -> tuple[list[str], set[str]]:
+    env_ids = draw(st.lists(st.sampled_from(["CartPole-v1", "Acrobot-v1", "", "CartPole/v1", "CartPole:v1"]), max_size=2))
+    argv = ["tune", "--env-ids", *env_ids, "--search", draw(st.sampled_from([*SPACES, "space.yaml", "missing.yaml", ""]))]
+    argv += draw(numeric_flags(TUNE_RANGES, junk=True))[0]
+    out = draw(st.sampled_from(["out", "out", "deep/out", "", "space.yaml", None]))
+    argv += ["--out", out] if out is not None else []
+    storage = draw(st.sampled_from([None, None, "", "sqlite:///study.db", "journal:///journal.log", "journal.log", "bogus://x"]))
+    argv += ["--storage", storage] if storage is not None else []
+    options = {"--sampler": ["tpe", "random", "cmaes", "", "grid"], "--pruner": ["median", "hyperband", "none", "x"],
+               "--aggregate": ["mean", "median", ""], "--target-scores": ["CartPole-v1=0,500", "CartPole-v1=5,5", "x", ""],
+               "--study-name": ["s", "", "a/b"]}
+    for extra in draw(st.lists(st.sampled_from([*options, "--slurm-template", *UNKNOWN_FLAGS]), max_size=2, unique=True)):
+        argv += [extra, draw(st.sampled_from(options[extra]))] if extra in options else [extra]
+    command = draw(st.sampled_from([TUNED, TUNED, ["fleetrl", "train", "dqn", "--total-timesteps", "1000"], [], ["fleetrl", "train"],
+                                    ["fleetrl", "train", "nope"], ["no-such-program-xyz"], ["fleetrl", "eval", "run"]]))
+    if command or draw(st.booleans()):
+        argv += ["--", *command]
+    allowed = {top(out) if out else "runs", "study.db", "journal.log"}  # the storage's file, where it names one here
+    return argv, allowed
+
+
+@fuzz(ci=12, full=100)
+@given(case=tune_junk())
+def test_fuzzed_tune_command_lines_start_or_fail_cleanly(case, no_trials):
+    argv, allowed = case
+    with workspace() as cwd:
+        before = tune_workspace(cwd)
+        outcome = call(argv)
+        check_clean(outcome)
+        check_writes(cwd, before, allowed, outcome)
+
+
+# ---- plot and compare ----------------------------------------------------------------------------
+
+PLOT_RANGES = {"--smooth": (ints, whole(1, 10**9))}
+COMPARE_RANGES = {"--bootstrap-reps": (ints, whole(100, 1_000_000)), "--bootstrap-seed": (ints, SEED)}
+
+
+@pytest.fixture
+def no_drawing(monkeypatch):
+    """A plot or a comparison that got past every check stops before it draws or bootstraps (matplotlib and the
+    bootstrap cost seconds, and a huge --bootstrap-reps would run on)."""
+    import fleetrl.tools.plot as plot
+    import fleetrl.tools.stats as stats
+
+    def stop(*args, **kwargs):
+        raise Started("drawing or bootstrapping")
+
+    monkeypatch.setattr(plot, "draw", stop)
+    monkeypatch.setattr(stats, "interval_rows", stop)
+
+
+def lay_out_runs(trained_run: Path, cwd: Path) -> set[str]:
+    """Two benchmark-style configurations of one CartPole run each (a/CartPole-v1__1, b/CartPole-v1__1), an empty
+    folder and a file."""
+    for config_dir in ("a", "b"):
+        shutil.copytree(trained_run, cwd / config_dir / "CartPole-v1__1")
+    (cwd / "empty").mkdir()
+    (cwd / "notes.txt").write_text("not a run\n")
+    return listing(cwd)
+
+
+@fuzz(ci=6, full=40)
+@given(numbers=numeric_flags(PLOT_RANGES))
+@example(numbers=(["--smooth", str(2**63)], ["--smooth"]))  # was an OverflowError traceback (found by the full profile)
+def test_plot_refuses_every_number_out_of_its_range(numbers, trained_run, no_drawing):
+    flags, bad = numbers
+    with workspace() as cwd:
+        before = lay_out_runs(trained_run, cwd)
+        outcome = call(["plot", "a", "b", "-o", "curves.png", *flags])
+        check_clean(outcome)
+        check_ranges(outcome, bad, ())
+        check_writes(cwd, before, {"curves.png"}, outcome)
+
+
+PATHS = ["a", "b", "a/CartPole-v1__1", "empty", "notes.txt", "missing", "", "."]
+
+
+@st.composite
+def plot_junk(draw) -> tuple[list[str], str]:
+    argv = ["plot", *draw(st.lists(st.sampled_from(PATHS), max_size=3))]
+    output = draw(st.sampled_from(["curves.png", "curves.png", "figs/c.svg", "c.jpg", "", "a", "c.PNG"]))
+    argv += ["-o", output, *draw(numeric_flags(PLOT_RANGES, junk=True))[0]]
+    argv += ["--metric", draw(st.sampled_from(["charts/episodic_return", "charts/SPS", "", "no/such"]))]
+    argv += draw(st.sampled_from([[], ["--x", "time"], ["--x", "nope"], ["--svg"], ["--title", ""], UNKNOWN_FLAGS[:1]]))
+    return argv, output
+
+
+@fuzz(ci=10, full=80)
+@given(case=plot_junk())
+def test_fuzzed_plot_command_lines_start_or_fail_cleanly(case, trained_run, no_drawing):
+    argv, output = case
+    with workspace() as cwd:
+        before = lay_out_runs(trained_run, cwd)
+        outcome = call(argv)
+        check_clean(outcome)
+        check_writes(cwd, before, {top(output)} if output else set(), outcome)
+
+
+@fuzz(ci=6, full=40)
+@given(numbers=numeric_flags(COMPARE_RANGES))
+def test_compare_refuses_every_number_out_of_its_range(numbers, trained_run, no_drawing):
+    require_module("rliable", "stats")
+    flags, bad = numbers
+    with workspace() as cwd:
+        before = lay_out_runs(trained_run, cwd)
+        outcome = call(["compare", "a", "b", "--out", "cmp", *flags])
+        check_clean(outcome)
+        check_ranges(outcome, bad, ())
+        check_writes(cwd, before, {"cmp"}, outcome)
+
+
+@st.composite
+def compare_junk(draw) -> tuple[list[str], str]:
+    argv = ["compare", *draw(st.lists(st.sampled_from(PATHS), max_size=3))]
+    out = draw(st.sampled_from(["cmp", "cmp", "deep/cmp", "", "notes.txt"]))
+    argv += ["--out", out, *draw(numeric_flags(COMPARE_RANGES, junk=True))[0]]
+    options = {"--labels": ["x", "", "x x"], "--normalize": ["auto", "human", "minmax", "none", "nope"],
+               "--score-bounds": ["CartPole-v1=0,500", "CartPole-v1=5,5", "x", ""]}
+    for extra in draw(st.lists(st.sampled_from([*options, *UNKNOWN_FLAGS]), max_size=2, unique=True)):
+        argv += [extra, draw(st.sampled_from(options[extra]))] if extra in options else [extra]
+    return argv, out
+
+
+@fuzz(ci=10, full=80)
+@given(case=compare_junk())
+def test_fuzzed_compare_command_lines_start_or_fail_cleanly(case, trained_run, no_drawing):
+    require_module("rliable", "stats")
+    argv, out = case
+    with workspace() as cwd:
+        before = lay_out_runs(trained_run, cwd)
+        outcome = call(argv)
+        check_clean(outcome)
+        check_writes(cwd, before, {top(out)} if out else set(), outcome)
+
+
+# ---- preflight ------------------------------------------------------------------------------------
+
+PREFLIGHT_RANGES = {"--seconds": (floats, real(0, open_low=True))}
+
+
+@pytest.fixture
+def brief_measurements(monkeypatch):
+    """Preflight's throughput check steps each backend for at most 10 ms (a huge --seconds would run on)."""
+    import fleetrl.tools.bench_env as bench_env
+
+    real = bench_env.measure
+
+    def measure(env_id, backend, num_envs, seconds, *args, **kwargs):
+        return real(env_id, backend, num_envs, min(seconds, 0.01), *args, **kwargs)
+
+    monkeypatch.setattr(bench_env, "measure", measure)
+
+
+@fuzz(ci=5, full=40)
+@given(numbers=numeric_flags(PREFLIGHT_RANGES), env_id=st.sampled_from(["CartPole-v1", "CartPole-v1", "", "NoSuchEnv-v0", "Pendulum-v1"]),
+       json_flag=st.sampled_from([[], ["--json"], ["--no-json"], UNKNOWN_FLAGS[:1]]))
+@example(numbers=(["--seconds", "0.5"], []), env_id="CartPole-v1", json_flag=["--json"])
+def test_fuzzed_preflight_command_lines_refuse_bad_numbers_and_write_nothing(numbers, env_id, json_flag, brief_measurements):
+    flags, bad = numbers
+    with workspace() as cwd:
+        outcome = call(["preflight", "--env-id", env_id, *flags, *json_flag])
+        check_clean(outcome)
+        check_writes(cwd, set(), set(), outcome)
+    if json_flag == UNKNOWN_FLAGS[:1]:
+        assert not outcome.started, outcome
+    elif bad:
+        check_ranges(outcome, bad, ())
+    elif env_id == "CartPole-v1":
+        assert outcome.started, f"preflight failed on this machine with valid flags\n{outcome}"
+    if outcome.started and "--json" in json_flag:
+        assert json.loads(outcome.out)["throughput"]["env_id"] == env_id
 
 
 # ---- end to end -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import fleetrl_env
+from conftest import fleetrl_env, skip_unless_ci
 from fleetrl.cores import cgroup_cpu_quota
 
 MACHINE = os.cpu_count() or 1
@@ -50,7 +50,16 @@ def test_no_quota_anywhere_means_none(tmp_path):
     assert cgroup_cpu_quota(str(tmp_path / "missing"), tmp_path / "nowhere") is None
 
 
-needs_two = pytest.mark.skipif(MACHINE < 2 or not shutil.which("taskset"), reason="needs taskset and 2+ cores to pin to one")
+@pytest.fixture
+def two_cores_and_taskset():
+    """A machine of 2+ cores (hardware: a 1-core one skips, CI too) and taskset (util-linux: CI has it)."""
+    if MACHINE < 2:
+        skip_unless_ci("pinning to one core shows nothing on a 1-core machine", ci_provides=False)
+    if not shutil.which("taskset"):
+        skip_unless_ci("taskset is not installed (apt-get install util-linux)")
+
+
+needs_two = pytest.mark.usefixtures("two_cores_and_taskset")
 
 
 @needs_two

@@ -9,23 +9,17 @@ from fleetrl.envs import make_vector_env
 from fleetrl.envs.atari import FRAME_SKIP, MAX_FRAMES_PER_EPISODE
 from fleetrl.envs.vector import episode_stats
 
-from conftest import run_fleetrl
+from conftest import require_module, run_fleetrl
 
 FIXED = "fleetrl_test_envs:FixedStart-v0"
 
 
-def have(module: str) -> bool:
-    try:
-        __import__(module)
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.parametrize("backend", ["sync", "ale", pytest.param("envpool", marks=pytest.mark.skipif(not have("envpool"), reason="envpool"))])
+@pytest.mark.parametrize("backend", ["sync", "ale", "envpool"])
 def test_eval_envs_get_a_policy_that_never_fires_past_a_lost_life_on_breakout(backend):
     # Breakout serves the ball only on FIRE: an eval env that does not press it after a lost life idles to the cap
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
+    if backend == "envpool":
+        require_module("envpool", "envpool")
     envs = make_vector_env("BreakoutNoFrameskip-v4", 1, backend, training=False)
     try:
         envs.reset(seed=0)
@@ -76,8 +70,8 @@ def test_the_same_seed_repeats_the_returns_exactly(fixed_start_run):
 
 @pytest.mark.slow
 def test_eval_capture_video_writes_one_mp4_per_episode_of_its_length(fixed_start_run):
-    iio = pytest.importorskip("imageio.v2")
-    pytest.importorskip("imageio_ffmpeg")
+    iio = require_module("imageio.v2", "video")
+    require_module("imageio_ffmpeg", "video")
     evaluate(fixed_start_run, "--capture-video")
     videos = sorted((fixed_start_run / "videos_eval").glob("*.mp4"))
     assert len(videos) == 6, videos

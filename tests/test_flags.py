@@ -12,7 +12,7 @@ from fleetrl.algos.ppo import Agent, Args, ppo_loss
 from fleetrl.distributed import Dist
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import fleetrl_env, run_fleetrl
+from conftest import fleetrl_env, require_module, run_fleetrl
 
 TINY = ["--num-envs", "2", "--num-steps", "64", "--checkpoint-every", "1000"]  # 128 a batch
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda", *TINY]
@@ -108,7 +108,7 @@ def test_resume_with_a_larger_total_continues_to_it_and_keeps_the_saved_flags(tm
 
 @pytest.mark.slow
 def test_sticky_actions_reaches_the_atari_env(tmp_path, monkeypatch):
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
     from fleetrl.cli import main
     from fleetrl.envs import atari
 

@@ -10,7 +10,7 @@ import pytest
 
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group
+from conftest import killed_on_exit, require_module, run_fleetrl, start_fleetrl_group
 
 pytestmark = pytest.mark.slow
 PENDULUM = ["--env-id", "InvertedPendulum-v5", "--env-backend", "sync"]
@@ -74,7 +74,7 @@ def test_reaches_its_bar_within_its_budget_on_seed_1(learning_runs, name):
 
 @pytest.mark.timeout(1900)
 def test_ppo_continuous_solves_inverted_pendulum_and_eval_matches_training(tmp_path):
-    pytest.importorskip("mujoco")
+    require_module("mujoco", "mujoco")
     run_dir = tmp_path / "ip"  # seed 1 reaches 950 at about 30k steps
     proc = run_fleetrl("train", "ppo", *PENDULUM[:2], "--total-timesteps", "150000", "--stop-at-return", "950",
                        "--stop-window", "10", "--run-dir", str(run_dir), "--no-cuda", timeout=1200, threads=2)  # eval: the policy that reached it

@@ -1,30 +1,41 @@
 """Monitoring during training: resources, phase timing shares, the windowed SPS, W&B offline."""
 
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fleetrl.monitor.tbread import read_scalars, scalar_tags
 from fleetrl.monitor.timing import PhaseTimer
 
-from conftest import fleetrl_env, run_fleetrl
+from conftest import fleetrl_env, require_module, run_fleetrl
 
 
-def test_phases_nest_without_double_counting():
-    import time
-
+def test_phases_nest_without_double_counting_and_each_lap_reports_its_own_iteration(phase_clock):
+    # binary fractions of a second, so every sum and share is exact
     timer = PhaseTimer(distributed=True)
     with timer.learn:
-        time.sleep(0.02)
-        with timer.comm:
-            time.sleep(0.03)
+        phase_clock.advance(0.25)
+        with timer.comm:  # pauses learn
+            phase_clock.advance(0.5)
+        phase_clock.advance(0.125)  # learn again
     with timer.env:
-        time.sleep(0.01)
+        phase_clock.advance(0.0625)
+    phase_clock.advance(0.0625)  # in no phase: other
+    assert timer.lap() == {
+        "perf/env_time": 0.0625, "perf/env_share": 0.0625, "perf/inference_time": 0.0, "perf/inference_share": 0.0,
+        "perf/learn_time": 0.375, "perf/learn_share": 0.375, "perf/comm_time": 0.5, "perf/comm_share": 0.5,
+        "perf/other_time": 0.0625, "perf/other_share": 0.0625,
+    }
+    assert timer.last_lap_seconds == 1.0
+    with timer.inference:  # the next iteration counts from the last lap: 0.5 s of wall, a quarter of it inference
+        phase_clock.advance(0.125)
+    phase_clock.advance(0.375)
     perf = timer.lap()
-    assert perf["perf/comm_time"] == pytest.approx(0.03, abs=0.01)
-    assert perf["perf/learn_time"] == pytest.approx(0.02, abs=0.01)
-    total = sum(v for k, v in perf.items() if k.endswith("_share"))
-    assert total == pytest.approx(1.0, abs=1e-6)
+    assert (perf["perf/inference_time"], perf["perf/inference_share"], perf["perf/learn_time"], perf["perf/comm_time"]) == (0.125, 0.25, 0, 0)
+    assert (perf["perf/other_time"], perf["perf/other_share"]) == (0.375, 0.75)
+    assert "perf/wait_time" not in perf, "a phase never entered is not reported outside a distributed run's four"
 
 
 @pytest.mark.slow
@@ -48,34 +59,90 @@ def test_training_logs_plausible_resources_and_phase_shares(tmp_path):
     assert all(w > 0 for w in windowed)
 
 
+def wandb_offline_history(run_file: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each scalar an offline W&B run holds, as (global_step, value) in the order logged. The ``.wandb`` file is a
+    7-byte header, then wandb's protobuf ``Record``s in LevelDB's log format: 32 KiB blocks of chunks, each with a
+    7-byte header (crc32, length, type: 1 whole record, 2 first part, 3 middle, 4 last)."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", f"{run_file} is no W&B run file: {data[:7]!r}"
+    history: dict[str, list[tuple[int, float]]] = {}
+    pos, parts, block = 7, [], 32 * 1024
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        parts = [data[pos + 7:pos + 7 + length]] if kind in (1, 2) else parts + [data[pos + 7:pos + 7 + length]]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record.FromString(b"".join(parts))
+            if record.WhichOneof("record_type") == "history":
+                items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                for key, value in items.items():
+                    if not key.startswith("_") and key != "global_step":
+                        history.setdefault(key, []).append((items["global_step"], value))
+    return history
+
+
 @pytest.mark.slow
-def test_track_with_wandb_offline_leaves_an_offline_run(tmp_path):
-    pytest.importorskip("wandb")
+def test_track_with_wandb_offline_holds_each_tensorboard_scalar_once(tmp_path):
+    require_module("wandb", "track")
     run_dir = tmp_path / "run"
     env = fleetrl_env()
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path))
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "fleetrl", "train", "ppo", "--total-timesteps", "2048", "--track",
-                           "--wandb-project-name", "fleetrl-test", "--run-dir", str(run_dir), "--no-cuda"],
-                          capture_output=True, text=True, timeout=300, env=env)
+    # one env: no two episodes end at one step (W&B keeps one value per step and key, TensorBoard each of them); the run
+    # folder relative to the working directory, as users give it (W&B saves copies of event files under that path)
+    proc = subprocess.run([sys.executable, "-m", "fleetrl", "train", "ppo", "--num-envs", "1", "--num-steps", "512", "--total-timesteps",
+                           "2048", "--track", "--wandb-project-name", "fleetrl-test", "--run-dir", "run", "--no-cuda", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    offline = list((run_dir / "wandb").glob("offline-run-*"))
-    assert offline, os.listdir(run_dir)
-    assert any(offline[0].rglob("*.wandb")), "the offline run holds its data file"
+    offline = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(offline) == 1, os.listdir(run_dir)
+    copies = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("events.out.tfevents.*"))
+    assert len(copies) == 1, f"TensorBoard's event file, copied into the W&B run inside the run folder: {copies[:3]}"
+    history = wandb_offline_history(offline[0])
+    tags = scalar_tags(run_dir)
+    assert {"losses/policy_loss", "losses/value_loss", "charts/episodic_return", "charts/SPS", "perf/learn_share"} <= tags
+    assert set(history) == tags, f"in W&B only: {set(history) - tags}; in TensorBoard only: {tags - set(history)}"
+    for tag in tags:  # every point, once, at its step: W&B mirrors TensorBoard exactly
+        points = [(p.step, pytest.approx(p.value, rel=1e-6, abs=1e-12)) for p in read_scalars(run_dir, tag)]
+        assert history[tag] == points, tag
+    assert len(history["losses/policy_loss"]) == 4, "4 iterations of 512 steps, one loss each"
 
 
 @pytest.mark.slow
-def test_capture_video_leaves_a_playable_mp4(tmp_path):
-    pytest.importorskip("imageio_ffmpeg")
+def test_capture_video_records_the_scheduled_training_episodes_whole(tmp_path):
+    """CartPole rendered by pygame in a real training run: one env, so TensorBoard's episode lengths are env 0's, in order.
+    The videos are the schedule's episodes (0, 1, 8, 27, ...), each its episode's length + 1 frames of the moving cart,
+    and no half-written file is left."""
+    require_module("imageio_ffmpeg", "video")
+    require_module("pygame", "video")
     import imageio.v2 as imageio
 
+    scheduled = {k**3 for k in range(10)}.__contains__  # CleanRL's schedule: episodes 0, 1, 8, 27, ..., 729
+
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--capture-video",
-                       "--run-dir", str(run_dir), "--no-cuda", timeout=300)
+    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--env-backend", "sync", "--num-envs", "1", "--num-steps", "256",
+                       "--total-timesteps", "1024", "--capture-video", "--run-dir", str(run_dir), "--no-cuda", "--no-progress", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    videos = sorted((run_dir / "videos").glob("*.mp4"))
-    assert videos, "no video written"
-    frames = imageio.mimread(str(videos[0]), memtest=False)
-    assert len(frames) >= 1 and frames[0].ndim == 3
+    lengths = [int(p.value) for p in read_scalars(run_dir, "charts/episodic_length")]
+    assert len(lengths) > 27, f"{len(lengths)} episodes: too few to reach the schedule's fourth video"
+    files = sorted(p.name for p in (run_dir / "videos").iterdir())
+    recorded = [i for i in range(len(lengths)) if scheduled(i)]
+    names = [f"rl-video-episode-{i}.mp4" for i in recorded]
+    # the episode still running when training ends is finished early where it is scheduled (and was started)
+    assert files == sorted(names) or (scheduled(len(lengths))
+                                      and files == sorted([*names, f"rl-video-episode-{len(lengths)}.mp4"])), files
+    for i in recorded:
+        frames = imageio.mimread(str(run_dir / "videos" / f"rl-video-episode-{i}.mp4"), memtest=False)
+        assert len(frames) == lengths[i] + 1, f"episode {i}: {lengths[i]} steps, so the reset frame and one per step"
+        assert frames[0].shape == (400, 600, 3) and frames[0].std() > 0, "CartPole's picture, not a blank frame"
+        assert not np.array_equal(frames[0], frames[-1]), "the cart and pole move during an episode"

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import sys
 
 import numpy as np
 import pytest
 
+from conftest import require_module, skip_unless_ci
 from fleetrl.envs import native
 from fleetrl.envs.native import AleVectorEnv, EnvPoolVectorEnv, native_backend_support
 from fleetrl.errors import FleetError
 
-pytest.importorskip("ale_py")
+pytestmark = pytest.mark.needs("ale_py", "atari")
 
 BREAKOUT = "BreakoutNoFrameskip-v4"
 SPACE_INVADERS = "ALE/SpaceInvaders-v5"
@@ -31,9 +33,8 @@ def _have_envpool() -> bool:
 
 
 def need_envpool() -> None:
-    """Skip without a working envpool (not installed, or installed but failing to import here)."""
-    if not _have_envpool():
-        pytest.skip("envpool is not installed or does not import here")
+    """Skip without a working envpool (not installed, or installed but failing to import here); fail under CI=true."""
+    require_module("envpool", "envpool")
 
 
 def make_atari_vec(backend: str, env_id: str, num_envs: int, training: bool, **kwargs):
@@ -43,7 +44,7 @@ def make_atari_vec(backend: str, env_id: str, num_envs: int, training: bool, **k
     return EnvPoolVectorEnv(env_id, num_envs, training=training, family="atari", **kwargs)
 
 
-BACKENDS = ["ale", pytest.param("envpool", marks=pytest.mark.skipif(not _have_envpool(), reason="envpool not installed"))]
+BACKENDS = ["ale", pytest.param("envpool", marks=pytest.mark.needs("envpool", "envpool"))]
 
 
 def run_until_games_end(envs, policy, games: int, max_steps: int):
@@ -300,7 +301,8 @@ def test_envpool_cartpole_terminated_and_truncated_apart():
 def test_envpool_procgen():
     need_envpool()
     if not native_backend_support("BigfishEasy-v0", "procgen")["envpool"]:
-        pytest.skip("EnvPool's Procgen does not load here (it needs the system Qt 5 runtime)")
+        skip_unless_ci("EnvPool's Procgen does not load here (it needs the system Qt 5 runtime: apt-get install libqt5gui5)",
+                       ci_provides=shutil.which("apt-get") is not None)  # .ci/run installs it where apt is
     envs = EnvPoolVectorEnv("BigfishEasy-v0", 2, training=True, family="procgen")
     try:
         obs, _ = envs.reset(seed=0)
@@ -361,7 +363,7 @@ def test_missing_envpool_is_a_clear_fleet_error(monkeypatch):
 def test_envpool_spaces_match_gymnasium(env_id, family):
     need_envpool()
     if family == "mujoco":
-        pytest.importorskip("mujoco")
+        require_module("mujoco", "mujoco")
     import gymnasium as gym
 
     ref = gym.make(env_id)

@@ -14,7 +14,7 @@ import pytest
 
 from fleetrl.checkpoint import load_checkpoint
 
-from conftest import fleetrl_env
+from conftest import fleetrl_env, require_module
 
 # a short run of each, learning for a few hundred steps; SAC and TD3 need MuJoCo (their only env family)
 CASES = {
@@ -51,8 +51,8 @@ def test_a_tuned_trial_with_video_then_eval(algo, tmp_path):
     """`fleetrl tune` passes the algorithm's own flag to its trainer, which records video; eval plays the trial's run."""
     env_id, flags, space, tuned_field = CASES[algo]
     if env_id.startswith("Inverted"):
-        pytest.importorskip("mujoco")
-    optuna = pytest.importorskip("optuna")
+        require_module("mujoco", "mujoco")
+    optuna = require_module("optuna", "tune")
     from fleetrl.tools.tune import open_storage, parse_storage
 
     video = env_id == "CartPole-v1" or mujoco_renders()

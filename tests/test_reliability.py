@@ -22,7 +22,7 @@ from fleetrl import checkpoint
 from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, start_fleetrl, run_fleetrl_in_process
+from conftest import assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, run_fleetrl_in_process, skip_unless_ci, start_fleetrl
 
 STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync"]
 BATCH = 4 * 128  # classic control's default batch
@@ -271,9 +271,7 @@ def tmpfs(tmp_path, name: str, size: str):
     mount = tmp_path / name
     mount.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs as root and must mount a tmpfs to test a full disk")
-        pytest.skip("mounting a small tmpfs needs root")
+        skip_unless_ci("mounting a small tmpfs needs root (CI runs as root)")
     try:
         yield mount
     finally:

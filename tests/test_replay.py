@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import require_module
 from fleetrl.envs import make_vector_env
 from fleetrl.envs.vector import SyncVectorEnv
 from fleetrl.errors import FleetError
@@ -69,9 +70,9 @@ ATARI_BACKENDS = ["sync", "ale", "envpool"]
 
 @pytest.mark.parametrize("backend", ATARI_BACKENDS)
 def test_frame_stacks_are_rebuilt_exactly_across_episode_ends_and_the_ring_wrap(backend):
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
     if backend == "envpool":
-        pytest.importorskip("envpool")
+        require_module("envpool", "envpool")
     envs = make_vector_env("BreakoutNoFrameskip-v4", 2, backend, training=True)
     rb = ReplayBuffer(300, 2, envs.single_observation_space, envs.single_action_space, "cpu")
     assert rb.frame_stack, "a uint8 (4, 84, 84) observation is stored as frames by default"

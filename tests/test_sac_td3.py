@@ -20,7 +20,7 @@ from fleetrl.algos import sac, td3
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.nets_continuous import TwinQNetwork
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl, start_fleetrl_group, run_fleetrl_in_process
+from conftest import killed_on_exit, require_module, run_fleetrl, run_fleetrl_in_process, start_fleetrl, start_fleetrl_group
 from test_distributed import torchrun
 
 BOX = gym.spaces.Box(np.array([-1.0, -3.0], np.float32), np.array([1.0, 2.0], np.float32))
@@ -82,7 +82,7 @@ def test_twin_critics_compute_two_separate_q_networks_and_the_actor_loss_leaves_
 @pytest.fixture(scope="module")
 def pendulum_runs(tmp_path_factory):
     """SAC and TD3 on InvertedPendulum-v5 within their budgets, side by side (a torch thread each)."""
-    pytest.importorskip("mujoco")
+    require_module("mujoco", "mujoco")
     root = tmp_path_factory.mktemp("pendulum")
     procs = {algo: start_fleetrl_group("train", algo, *PENDULUM, "--total-timesteps", str(budget), *flags, "--torch-threads", "1",
                                        "--checkpoint-every", "1000", "--run-dir", str(root / algo))

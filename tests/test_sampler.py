@@ -3,6 +3,7 @@ trajectories, the policy-lag thread acts with whole versions of the weights, and
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_fleetrl, run_fleetrl_in_process
+from conftest import require_module, run_fleetrl, run_fleetrl_in_process
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.algos.ppo import Agent, rollout
 from fleetrl.envs import make_vector_env
@@ -81,7 +82,7 @@ def test_split_rollout_gives_the_serial_batch_through_a_cnn():
 
 @pytest.mark.parametrize("backend", ["ale", "envpool"])
 def test_split_rollout_gives_the_serial_batch_on_native_backends(backend):
-    pytest.importorskip("ale_py" if backend == "ale" else "envpool")
+    require_module(*{"ale": ("ale_py", "atari"), "envpool": ("envpool", "envpool")}[backend])
     build = lambda: make_vector_env("BreakoutNoFrameskip-v4", 4, backend)  # noqa: E731
     _, serial = collect_rollouts(build(), split=False, rollouts=1, num_steps=40)
     mode, split = collect_rollouts(build(), split=None, rollouts=1, num_steps=40)
@@ -92,7 +93,7 @@ def test_split_rollout_gives_the_serial_batch_on_native_backends(backend):
 
 
 def test_envpool_split_rollout_gives_the_serial_batch_for_cartpole():
-    pytest.importorskip("envpool")
+    require_module("envpool", "envpool")
     from fleetrl.envs.native import EnvPoolVectorEnv
 
     build = lambda: EnvPoolVectorEnv("CartPole-v1", 4, training=True, family="classic", max_episode_steps=20)  # noqa: E731
@@ -122,25 +123,46 @@ def test_gae_over_first_ready_batches_matches_each_envs_own_trajectory():
         np.testing.assert_allclose(got[mine], want[:, 0], rtol=1e-10, atol=1e-10)
 
 
-def test_first_ready_rollout_is_full_follows_each_env_and_a_slow_env_contributes_less():
-    # env 0 takes 10 ms a step, the others 0.2 ms; one env per worker, batches of the first 2 ready
-    fns = [MakeEnv("ShmCounting-v0", {"length": 6, "step_us": 10_000 if i == 0 else 200}) for i in range(4)]
+def test_first_ready_rollout_is_full_follows_each_env_and_a_slow_env_contributes_less(tmp_path):
+    # env 0 is held in its first step (a gate file) until the test lets it through: first-ready batches must fill
+    # rollouts from the others meanwhile, with no timing to race. One env per worker, batches of the first 2 ready.
+    gate = tmp_path / "gate"
+    fns = [MakeEnv("ShmCounting-v0", {"length": 6, **({"gate": str(gate)} if i == 0 else {})}) for i in range(4)]
     envs = SharedMemoryVectorEnv(fns, num_workers=4, async_batch=2)
     sampler = Sampler(envs, make_agent(envs), 16, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=100, timer=PhaseTimer(), async_batch=2)
+    trajectories = {env: ([], []) for env in range(4)}  # each env's observations and dones, over every rollout in order
+
+    def collect() -> np.ndarray:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a rollout that waits for the held env fails, not hangs
+            try:
+                buffer = pool.submit(sampler.collect).result(timeout=30)
+            except concurrent.futures.TimeoutError:
+                gate.touch()  # let it finish, so the pool's thread and the sampler close
+                raise AssertionError("the rollout waited for the env held in its step: first-ready batches must not") from None
+        assert buffer.env_ids.size == 4 * 16 and buffer.obs.shape[:2] == (32, 2)
+        for env in range(4):
+            trajectories[env][0].extend(buffer.obs[buffer.env_ids == env])
+            trajectories[env][1].extend(buffer.dones[buffer.env_ids == env])
+        sampler.weights_updated()
+        return np.bincount(buffer.env_ids.ravel(), minlength=4)
+
     try:
         assert sampler.mode == "first-ready"
-        for _ in range(2):
-            buffer = sampler.collect()
-            assert buffer.env_ids.size == 4 * 16 and buffer.obs.shape[:2] == (32, 2)
-            counts = np.bincount(buffer.env_ids.ravel(), minlength=4)
-            assert counts.sum() == 64 and counts[0] < counts[1:].min(), counts
-            for env in range(4):  # each env's transitions continue its own episodes: obs [seed, episode, t, noise]
-                obs, dones = buffer.obs[buffer.env_ids == env], buffer.dones[buffer.env_ids == env]
-                assert (obs[:, 0] == 100 + env).all()
-                for k in range(1, len(obs)):
-                    assert obs[k, 2] == (0 if dones[k - 1] else obs[k - 1, 2] + 1)
-            sampler.weights_updated()
+        for _ in range(2):  # env 0 still in its first step: the others fill both rollouts
+            counts = collect()
+            assert counts[0] == 0 and counts.sum() == 64 and (counts[1:] > 0).all(), counts
+        gate.touch()  # env 0 returns, and from now on steps as fast as the others
+        deadline = time.monotonic() + 60
+        while not trajectories[0][0]:
+            assert time.monotonic() < deadline, "env 0 never joined a rollout after it was let through"
+            collect()
+        for env in range(4):  # each env's transitions continue its own episodes across rollouts: obs [seed, episode, t, noise]
+            obs, dones = np.array(trajectories[env][0]), np.array(trajectories[env][1])
+            assert (obs[:, 0] == 100 + env).all() and (obs[0, 1:3] == 0).all()  # its reset observation comes first
+            for k in range(1, len(obs)):
+                assert obs[k, 2] == (0 if dones[k - 1] else obs[k - 1, 2] + 1), (env, k)
     finally:
+        gate.touch()
         sampler.close()
 
 
@@ -172,18 +194,28 @@ def test_observations_are_normalised_without_reward_normalisation():
     assert np.abs(buffer.obs[1:].mean(axis=(0, 1))).max() < 2.0, "the stored observations are normalised, not raw ([seed, ...])"
 
 
-def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch, capsys):
+def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch, capsys, tmp_path):
     import fleetrl.sampling.sampler as sampler_module
 
     monkeypatch.setattr(sampler_module, "THREAD_JOIN_S", 0.2)
-    envs = SyncVectorEnv([MakeEnv("fleetrl_test_envs:Flaky-v0", {"fail_on_step": 3, "how": "hang"})] * 2)
-    closed = []
+    gate = tmp_path / "gate"  # the envs' steps hang until the test opens it
+    envs = SyncVectorEnv([MakeEnv("ShmCounting-v0", {"gate": str(gate)})] * 2)
+    close_envs, closed = envs.close, []
     envs.close = lambda: closed.append(True)
     sampler = Sampler(envs, make_agent(envs), 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), policy_lag=1)
-    sampler._start_thread()
-    time.sleep(0.5)  # the thread is inside the hanging step
-    sampler.close()
-    assert not closed and "did not stop within 0.2 s" in capsys.readouterr().err
+    try:
+        sampler._start_thread()
+        deadline = time.monotonic() + 30
+        while not gate.with_name("gate.held").exists():  # the thread is inside the hanging step
+            assert time.monotonic() < deadline, "the sampler thread never stepped"
+            time.sleep(0.01)
+        sampler.close()
+        assert not closed and "did not stop within 0.2 s" in capsys.readouterr().err
+    finally:  # the step returns and the thread stops: nothing is left running into the next test
+        gate.touch()
+        sampler._thread.join(timeout=30)
+        close_envs()
+    assert not sampler._thread.is_alive(), "the sampler thread stops once its step returns"
 
 
 def test_first_ready_needs_a_backend_that_returns_the_first_envs_ready():
@@ -194,7 +226,7 @@ def test_first_ready_needs_a_backend_that_returns_the_first_envs_ready():
 
 def test_envpool_first_ready_keeps_same_step_autoreset_per_env():
     """Each env's results, returned a few at a time, equal stepping it alone with the same actions."""
-    pytest.importorskip("envpool")
+    require_module("envpool", "envpool")
     from fleetrl.envs.native import EnvPoolVectorEnv
 
     def action(env: int, t: int) -> int:
@@ -316,24 +348,35 @@ def test_policy_lag_one_trains_cartpole(tmp_path):
 # ------------------------------------------------------------------------------------------ phase timing
 
 
-def test_timer_keeps_sampler_thread_phases_out_of_the_trainer_accounting():
+def test_timer_keeps_sampler_thread_phases_out_of_the_trainer_accounting(phase_clock):
+    # a sampler thread steps envs for 0.75 s while the trainer learns 0.25 s, then waits 0.5 s for it; 0.25 s other
     timer = PhaseTimer()
+    entered, release = threading.Event(), threading.Event()
 
     def sampler_thread():
         with timer.env:
-            time.sleep(0.06)
+            entered.set()
+            assert release.wait(timeout=30)
 
     thread = threading.Thread(target=sampler_thread)
     thread.start()
-    with timer.learn:
-        time.sleep(0.02)
-    with timer.wait:
-        thread.join()
+    try:
+        assert entered.wait(timeout=30)
+        with timer.learn:
+            phase_clock.advance(0.25)
+        with timer.wait:
+            phase_clock.advance(0.5)
+            release.set()
+            thread.join(timeout=30)
+        phase_clock.advance(0.25)
+    finally:
+        release.set()
+        thread.join(timeout=30)
     perf = timer.lap()
-    assert perf["perf/env_time"] == pytest.approx(0.06, abs=0.02)
-    assert perf["perf/wait_time"] == pytest.approx(0.04, abs=0.02)
+    assert (perf["perf/env_time"], perf["perf/env_share"]) == (0.75, 0.75)  # alongside the trainer's second
+    assert (perf["perf/learn_time"], perf["perf/wait_time"], perf["perf/other_time"]) == (0.25, 0.5, 0.25)
     on_trainer = perf["perf/learn_share"] + perf["perf/wait_share"] + perf["perf/inference_share"] + perf["perf/other_share"]
-    assert on_trainer == pytest.approx(1.0, abs=1e-6)  # the env phase ran alongside, outside this sum
+    assert on_trainer == 1.0  # the env phase ran alongside, outside this sum
 
 
 def test_async_batch_with_the_default_backend_picks_one_that_returns_the_first_envs_ready(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import readline_within
+from conftest import readline_within, require_module
 from envs_for_tests import COUNTING_LENGTH, MakeEnv  # importing it registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.envs.registry import EnvFactory
 from fleetrl.envs.shm import SharedMemoryVectorEnv
@@ -94,7 +94,7 @@ def test_same_seed_gives_identical_runs_and_each_env_its_own_seed():
 )
 def test_matches_gymnasium_sync_vector_env_step_for_step(env_id, family, num_envs, steps):
     if family == "atari":
-        pytest.importorskip("ale_py")
+        require_module("ale_py", "atari")
     factories = [EnvFactory(env_id, family) for _ in range(num_envs)]
     theirs = GymSyncVectorEnv(factories)
     with SharedMemoryVectorEnv(factories, num_workers=3) as ours:

@@ -1,11 +1,20 @@
 """The thread plan: who gets the cores (torch, env workers, sampler thread), applied at start and printed in one line."""
 
+import contextlib
 import dataclasses
 import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import types
 
+import psutil
 import pytest
 import torch
 
+from conftest import require_module
 from fleetrl import runtime
 from fleetrl.envs import make_vector_env
 from fleetrl.errors import FleetError
@@ -37,9 +46,84 @@ def test_a_cnn_leaves_the_cores_other_processes_keep_busy():
     assert plan_threads(cores=2, num_envs=8, cnn=True, busy_elsewhere=0.9, torch_threads=2).torch_threads == 2
 
 
-def test_busy_cores_elsewhere_leaves_out_this_process():
-    busy = runtime.busy_cores_elsewhere(0.05)
-    assert 0.0 <= busy <= (os.cpu_count() or 1) + 0.5
+class _Listed:
+    """One row of a scripted ``psutil.process_iter(["pid", "ppid", "cpu_times"])``."""
+
+    def __init__(self, pid: int, ppid: int, cpu: float | None = None):
+        self.pid = pid
+        self.info = {"pid": pid, "ppid": ppid, "cpu_times": None if cpu is None else types.SimpleNamespace(user=cpu - 0.25, system=0.25)}
+
+
+@pytest.mark.parametrize("under_init", [False, True], ids=["under-a-shell", "under-init"])
+def test_busy_cores_elsewhere_counts_other_processes_cpu_over_the_sample_and_leaves_out_this_family(monkeypatch, under_init):
+    """Exact accounting on a scripted process table and clock: the CPU seconds others used over the sample, per wall
+    second; this process, its parent, its children and its siblings (torchrun's other ranks) are never counted. Under
+    init (a container's first process) every orphan is init's child, so siblings are no family there."""
+    me, child, sibling, elsewhere = os.getpid(), 10**7, 10**7 + 1, 10**7 + 9  # pids no real process has
+    parent = 1 if under_init else os.getppid()
+    table = {  # pid: (ppid, cpu seconds before the sample, after it); 2 s of wall time pass in between
+        me: (parent, 10.0, 12.0),  # this process, a core busy: left out
+        parent: (0, 5.0, 7.0),  # its parent: left out
+        child: (me, 0.0, 2.0),  # a child (an env worker): left out
+        10**7 + 2: (elsewhere, 100.0, 101.5),  # an unrelated job: 0.75 cores, counted
+        10**7 + 3: (elsewhere, 50.0, 50.5),  # another: 0.25 cores, counted
+        10**7 + 4: (elsewhere, None, None),  # no CPU times readable: skipped
+    }
+    if not under_init:
+        table[sibling] = (parent, 1.0, 3.0)  # a sibling (another rank): left out
+    listings = iter([[_Listed(pid, ppid, before) for pid, (ppid, before, _) in table.items()],
+                     [_Listed(pid, ppid, after) for pid, (ppid, _, after) in table.items()]
+                     + [_Listed(10**7 + 5, elsewhere, 9.0)]])  # started during the sample: no before, so no share
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(psutil, "process_iter", lambda attrs: next(listings))
+    monkeypatch.setattr(psutil.Process, "ppid", lambda self: parent)
+    monkeypatch.setattr(psutil.Process, "children", lambda self, recursive=False: [_Listed(child, me)])
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(runtime.time, "sleep", lambda seconds: clock.update(now=clock["now"] + 2 * seconds))  # it overran 2x
+    assert runtime.busy_cores_elsewhere(1.0) == pytest.approx((1.5 + 0.5) / 2.0, abs=1e-12)
+
+
+def _cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def test_busy_cores_elsewhere_sees_a_real_busy_process_but_not_its_own_busy_child():
+    """Real processes and psutil: an unrelated process burning a core is counted at the rate it ran; a child of this
+    process burning a core beside it is not. Only these processes are listed, so other load on the machine is no noise."""
+    burn = [sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"]  # ends by itself too
+    pids: list[int] = []
+    try:
+        child = subprocess.Popen(burn)
+        pids.append(child.pid)
+        # an unrelated process: the shell that starts it exits at once, so it is nobody's child here (init adopts it)
+        other = int(subprocess.run(["sh", "-c", f"{shlex.join(burn)} >/dev/null 2>&1 & echo $!"], capture_output=True,
+                                   text=True, timeout=30).stdout)
+        pids.append(other)
+        assert psutil.Process(other).ppid() != os.getppid() and other not in [p.pid for p in psutil.Process().children(True)]
+        deadline = time.time() + 30
+        while _cpu_seconds(other) < 0.05 or _cpu_seconds(child.pid) < 0.05:  # both burning
+            assert time.time() < deadline, "the busy processes did not start within 30 s"
+            time.sleep(0.02)
+        watched, real_iter = {os.getpid(), child.pid, other}, psutil.process_iter
+        before, start = {pid: _cpu_seconds(pid) for pid in watched}, time.perf_counter()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(psutil, "process_iter", lambda attrs: [p for p in real_iter(attrs) if p.info["pid"] in watched])
+            busy = runtime.busy_cores_elsewhere(0.5)
+        elapsed = time.perf_counter() - start
+        used = {pid: (_cpu_seconds(pid) - before[pid]) / elapsed for pid in watched}
+        assert min(used[other], used[child.pid]) > 0.05, f"the burners barely ran (cores used: {used})"
+        # the unrelated burner's own rate (to the few ms between its readings and the function's), not 0 and not with
+        # the child's added
+        assert abs(busy - used[other]) < 0.4 * min(used[other], used[child.pid]), \
+            f"{busy:.2f} cores busy elsewhere, where the unrelated process used {used[other]:.2f} and the child {used[child.pid]:.2f}"
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+                psutil.Process(pid).wait(timeout=10)
 
 
 def test_an_explicit_torch_threads_flag_wins_and_is_named():
@@ -123,7 +207,7 @@ def test_run_start_gives_a_cnn_the_free_cores_only_when_threads_spin_and_runs_ne
                                                                                              deterministic):
     # the thread count changes a CNN's gradients in the last bits: with --torch-deterministic (the default) the plan
     # never follows the load, so one command trains alike on a quiet and on a busy machine
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
     cores = os.cpu_count() or 1
     monkeypatch.setattr(runtime, "busy_cores_elsewhere", lambda *a, **k: cores - 1.0)  # every core but one is taken
     if passive:

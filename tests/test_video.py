@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import builtins
-import importlib.util
 
 import gymnasium as gym
 import pytest
 
+from conftest import require_module
 from fleetrl.envs.video import VideoRecorder, capped_cubic_video_schedule
 from fleetrl.envs.wrappers import EpisodeStats
 from fleetrl.errors import FleetError
 
-pytest.importorskip("imageio_ffmpeg", reason="MP4 writing needs imageio-ffmpeg (pip install imageio-ffmpeg)")
-iio = pytest.importorskip("imageio.v2")
-# classic control renders with pygame (gymnasium[classic-control])
-needs_pygame = pytest.mark.skipif(importlib.util.find_spec("pygame") is None, reason="CartPole rendering needs pygame (pip install pygame)")
+pytestmark = [pytest.mark.needs("imageio_ffmpeg", "video"), pytest.mark.needs("imageio.v2", "video")]  # MP4 writing
+needs_pygame = pytest.mark.needs("pygame", "video")  # classic control renders with pygame (gymnasium[classic-control])
 
 
 def read_frames(path) -> list:
+    import imageio.v2 as iio
+
     reader = iio.get_reader(path)
     try:
         return [frame for frame in reader]
@@ -140,9 +140,9 @@ def test_training_records_episodes_0_1_and_8_of_env_0_each_its_length_plus_one_f
 
 @pytest.mark.parametrize("backend", ["ale", "envpool"])
 def test_capture_video_on_a_native_backend_is_refused_with_the_fix(tmp_path, backend):
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
     if backend == "envpool":
-        pytest.importorskip("envpool")
+        require_module("envpool", "envpool")
     from fleetrl.envs import make_vector_env
 
     with pytest.raises(FleetError, match="Use --env-backend sync or async"):

@@ -132,7 +132,12 @@ def start_wandb(run_dir: str, project: str, entity: str | None, config: Any) -> 
     """Weights & Biases, syncing the TensorBoard scalars (``WANDB_MODE=offline`` works without a network)."""
     wandb = require("wandb", "track", "--track (Weights & Biases)")
     values = asdict(config) if is_dataclass(config) else dict(config or {})
-    wandb.init(project=project, entity=entity, sync_tensorboard=True, config=values, name=os.path.basename(os.path.normpath(run_dir)),
+    # sync_tensorboard=True would also save copies of the event files into wandb's folder, which lies inside the run folder
+    # that TensorBoard logs to: W&B then syncs its own copies as more runs and copies those again, so each scalar reached
+    # W&B dozens of times. Sync the scalars only (save=False); patch once per process, as sync_tensorboard does
+    if not wandb.patched["tensorboard"]:
+        wandb.tensorboard.patch(save=False, root_logdir=run_dir)
+    wandb.init(project=project, entity=entity, config=values, name=os.path.basename(os.path.normpath(run_dir)),
                dir=run_dir, save_code=False, resume="allow")
 
 

@@ -18,6 +18,7 @@ from fleetrl.tools.text import plural
 
 EVENTS_PREFIX = "events.out.tfevents."
 GRID_POINTS = 500  # points of the common x grid the seeds are averaged on; enough for a smooth line
+MAX_SMOOTH = 10**9  # --smooth's largest window: past any run's points (numpy's int64 arithmetic overflows at 2**63)
 PANEL_COLUMNS = 3
 PANEL_SIZE_IN = (5.0, 3.6)
 
@@ -158,7 +159,7 @@ def plot(args: PlotArgs) -> list[Path]:
     """Draw the figure; returns the files written."""
     if not args.paths:
         raise FleetError("`fleetrl plot` needs run folders, or a folder that holds them: fleetrl plot runs/ -o curves.png")
-    config.check_ranges(args, {"smooth": config.count("points in the trailing average; 1: no smoothing")})
+    config.check_ranges(args, {"smooth": config.count("points in the trailing average; 1: no smoothing", high=MAX_SMOOTH)})
     outputs = output_paths(args.output, args.svg)
     run_dirs = find_runs(list(args.paths))
     if not run_dirs:
