@@ -230,7 +230,7 @@ TOOL_REFUSALS = [
     (["benchmark", "--env-ids", "CartPole-v1", "--out", "", "--", "true"], "--out is empty"),
     (["benchmark", "--env-ids", "CartPole-v1", "--out", "afile", "--", "true"], "Cannot create the output folder afile/logs"),
     (["benchmark", "--env-ids", "CartPole-v1", "--bootstrap-reps", "0", "--", "true"], "--bootstrap-reps must be in [100, 1000000]"),
-    (["plot", "runs", "--smooth", "0"], "--smooth must be at least 1"),
+    (["plot", "runs", "--smooth", "0"], "--smooth must be in [1, 1000000000]"),
     (["compare", "runs", "--bootstrap-seed", "-1"], "--bootstrap-seed must be in [0, 2147483647]"),
     (["preflight", "--seconds", "nan"], "--seconds must be a finite number, above 0"),
     (["preflight", "--seconds", "inf"], "--seconds"),  # ran forever
