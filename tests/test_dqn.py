@@ -220,6 +220,11 @@ def two_rank_buffer_run(tmp_path_factory):
     return run_dir, out
 
 
+def copy_of(run_dir, tmp_path):
+    """A copy of the module's 2-rank run, for one test to resume (and damage)."""
+    return shutil.copytree(run_dir, tmp_path / "run")
+
+
 def assert_restored_as_saved(restored_dir, saved_dir, step: int) -> None:
     for rank in (0, 1):
         saved, restored = np.load(saved_dir / f"saved_rank{rank}_{step}.npz"), np.load(restored_dir / f"restored_rank{rank}.npz")
@@ -235,8 +240,7 @@ def assert_restored_as_saved(restored_dir, saved_dir, step: int) -> None:
 @pytest.mark.timeout(600)
 def test_two_ranks_resume_their_own_shards_exactly_and_learn_on_at_once(tmp_path, two_rank_buffer_run):
     saved_run, saved = two_rank_buffer_run
-    run_dir = tmp_path / "run"
-    shutil.copytree(saved_run, run_dir)
+    run_dir = copy_of(saved_run, tmp_path)
     manifest = json.loads(checkpoint.manifest_path(checkpoint.resolve_checkpoint(run_dir)).read_text())
     assert [s["name"] for s in manifest["shards"]] == ["ckpt_000000003000.rank0.pt", "ckpt_000000003000.rank1.pt"]
     main = checkpoint.load_checkpoint(run_dir)
@@ -255,8 +259,7 @@ def test_two_ranks_resume_their_own_shards_exactly_and_learn_on_at_once(tmp_path
 @pytest.mark.timeout(600)
 def test_a_torn_shard_of_one_rank_makes_every_rank_resume_the_checkpoint_before(tmp_path, two_rank_buffer_run):
     saved_run, saved = two_rank_buffer_run
-    run_dir = tmp_path / "run"
-    shutil.copytree(saved_run, run_dir)
+    run_dir = copy_of(saved_run, tmp_path)
     torn = run_dir / "checkpoints" / "ckpt_000000003000.rank1.pt"
     torn.write_bytes(torn.read_bytes()[:-100])  # rank 1 was killed while its node wrote it, say
     resumed = replay_check(tmp_path / "restored", run_dir, "--total-timesteps", "4000", "--resume", "auto")
@@ -269,8 +272,7 @@ def test_a_torn_shard_of_one_rank_makes_every_rank_resume_the_checkpoint_before(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_resume_under_another_world_size_refills_the_buffer_and_says_so(tmp_path, two_rank_buffer_run):
-    run_dir = tmp_path / "run"
-    shutil.copytree(two_rank_buffer_run[0], run_dir)
+    run_dir = copy_of(two_rank_buffer_run[0], tmp_path)
     alone = run_fleetrl("train", "dqn", *TWO_RANKS, "--total-timesteps", "5000", "--resume", "auto", "--run-dir", str(run_dir), timeout=280)
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert "refills it" in alone.stderr and "another number of processes" in alone.stderr, alone.stderr[-3000:]

@@ -97,8 +97,9 @@ def test_a_checkpoints_manifest_names_its_checkpoint(cartpole_run):
     assert evaluated.returncode == 0 and "torn" not in evaluated.stderr, evaluated.stderr[-3000:]
 
 
-def test_a_failed_write_leaves_every_earlier_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
-    checkpoint.save_checkpoint(state(100), tmp_path, keep=3)
+@contextlib.contextmanager
+def manifest_rename_fails(monkeypatch):
+    """The commit (the manifest's rename) fails as on a full disk, after every other file was written."""
     real_replace = os.replace
 
     def fail_on_the_manifest(src, dst):
@@ -107,9 +108,16 @@ def test_a_failed_write_leaves_every_earlier_checkpoint_and_no_temporary_file(tm
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", fail_on_the_manifest)
-    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left"):
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(os, "replace", real_replace)
+
+
+def test_a_failed_write_leaves_every_earlier_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
+    checkpoint.save_checkpoint(state(100), tmp_path, keep=3)
+    with manifest_rename_fails(monkeypatch), pytest.raises(checkpoint.CheckpointWriteError, match="No space left"):
         checkpoint.save_checkpoint(state(200), tmp_path, keep=1)
-    monkeypatch.setattr(os, "replace", real_replace)
     assert names(tmp_path) == ["ckpt_000000000100.pt"] and checkpoint.load_checkpoint(tmp_path)["global_step"] == 100
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if ".tmp-" in p.name]
 
@@ -164,17 +172,8 @@ def test_retention_and_failed_writes_remove_their_shards_and_keep_the_earlier_ch
     for step in (100, 200, 300):
         save_with_shards(tmp_path, step, keep=2)
     assert files(tmp_path) == [f"ckpt_000000000{step}.{kind}" for step in (200, 300) for kind in ("json", "pt", "rank0.pt", "rank1.pt")]
-    real_replace = os.replace
-
-    def fail_on_the_manifest(src, dst):
-        if str(dst).endswith(".json"):
-            raise OSError(28, "No space left on device")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", fail_on_the_manifest)
-    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left"):
+    with manifest_rename_fails(monkeypatch), pytest.raises(checkpoint.CheckpointWriteError, match="No space left"):
         save_with_shards(tmp_path, 400, keep=2)
-    monkeypatch.setattr(os, "replace", real_replace)
     assert files(tmp_path) == [f"ckpt_000000000{step}.{kind}" for step in (200, 300) for kind in ("json", "pt", "rank0.pt", "rank1.pt")], \
         "the failed checkpoint's shards went with it, and nothing else did"
     real_save = torch.save
