@@ -52,6 +52,11 @@ class Dist:
     _waiting_since: float | None = None  # when the collective this rank waits in began
     _watchdog: threading.Thread | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy sent to another process (the learner's update functions close over it, fleetrl/learner.py) leaves this
+        process's phase timer and watchdog thread behind."""
+        return {**self.__dict__, "comm_phase": None, "_waiting_since": None, "_watchdog": None}
+
     @property
     def enabled(self) -> bool:
         return self.world_size > 1

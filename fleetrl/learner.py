@@ -4,39 +4,51 @@
 close over its networks and optimiser); the loop calls ``learner(td_update, batch)`` where CleanRL calls the code.
 
 * ``--policy-lag 0`` (the default): the call runs the function here and returns what it returns. CleanRL's loop.
-* ``--policy-lag 1``: the first call forks a learner process, which inherits the networks and optimiser as they are
-  (after a resume's restore). Each call sends its arguments (a sampled batch) and returns at once, so the learner
-  updates on one core while this process acts and steps the envs on another. Calls run in order, one at a time: a
+* ``--policy-lag 1``: a learner process starts at once, never by forking this one, which runs threads (monitoring,
+  TensorBoard's writer, OpenMP's pool) and so could deadlock a forked child: multiprocessing's forkserver forks it
+  (fleetrl/processes.py). It imports torch while the run sets up and fills its buffer. The first call sends it the
+  update functions with everything they close over, in one cloudpickle, so it gets the networks and optimiser as they
+  are then (after a resume's restore), the optimiser still holding those networks' own parameters. Each call sends its
+  arguments (a sampled batch) and returns at once, so the learner updates on one core while this process acts and
+  steps the envs on another. Calls run in order, one at a time: a
   call first waits for the previous one, then copies the weights that update produced into ``acting``. Acting is
   therefore one update behind (with DQN's defaults, 10 env steps), and the run stays deterministic for a seed.
-  A call returns what the previous call of the same function returned (its losses, as floats).
+  A call returns what the previous call of the same function returned (its losses, as floats). The learner publishes
+  the acting network's weights after each update in shared-memory tensors (torch.multiprocessing).
 
 Checkpoints see the learner's state: before each save, ``sync`` fetches the learner's copy of every registered
-object (networks, optimiser) into this process. The learner ignores SIGINT and SIGTERM (this process stops the run
-and checkpoints it) and exits when this process closes it or dies. It is CPU-only and single-process: CUDA cannot be
-used in a forked process, and under torchrun every core already has a rank.
+object (networks, optimiser) into this process. The learner ignores SIGINT and SIGTERM from its first instruction on
+(this process stops the run and checkpoints it) and exits when this process closes it or dies. It is CPU-only (its
+weights are published in shared CPU memory) and single-process: under torchrun every core already has a rank.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import io
-import multiprocessing as mp
 import pickle
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import torch
+import torch.multiprocessing  # noqa: F401 - its reductions send the shared-memory weight tensors to the learner
 from torch import nn
 
+from fleetrl import processes
 from fleetrl.errors import FleetError
 
 __all__ = ["Learner", "check_policy_lag"]
 
 POLL_SECONDS = 1.0  # how often a wait checks that the learner process is still alive
+PROCESS_NAME = "fleetrl-learner"  # what ps, top and psutil show for it (15 characters at most)
 SPIN_SECONDS = 0.002  # a wait spins this long before it sleeps (see _ready)
 
 
@@ -52,27 +64,30 @@ def check_policy_lag(policy_lag: int, world_size: int, algo: str) -> None:
 
 
 class Learner:
-    """Runs update functions here (``lag`` 0) or in a forked learner process (``lag`` 1); see the module docstring."""
+    """Runs update functions here (``lag`` 0) or in a learner process (``lag`` 1); see the module docstring."""
 
     def __init__(self, updates: Sequence[Callable[..., Any]], acting: nn.Module, owned: dict[str, Any], lag: int, device: Any,
                  torch_threads: int = 1):
         if lag and torch.device(device).type != "cpu":
-            raise FleetError(f"--policy-lag 1 runs the updates in a forked learner process, and CUDA cannot be used in a forked "
-                             f"process; the run is on {device}, where an update is short anyway. Leave out --policy-lag (0), "
+            raise FleetError(f"--policy-lag 1 runs the updates in a CPU learner process, which publishes its weights in shared CPU "
+                             f"memory; the run is on {device}, where an update is short anyway. Leave out --policy-lag (0), "
                              f"or train on the CPU (--no-cuda) with it.")
         self.updates, self.acting, self.owned, self.lag = list(updates), acting, owned, lag
         self.torch_threads = torch_threads
         self._process: Any = None
         self._conn: Any = None
+        self._started = False  # the learner process got the functions and their objects (at the first call)
         self._pending = False  # a call was sent and its answer not read yet
         self._results: dict[int, Any] = {}  # update index -> what its last finished call returned
         self._published: list[torch.Tensor] = []  # the learner's newest acting weights, in shared memory
+        if lag:
+            self._boot()
 
     def __call__(self, update: Callable[..., Any], *args: Any) -> Any:
         if not self.lag:
             return update(*args)
         index = self.updates.index(update)
-        if self._process is None:
+        if not self._started:
             self._start()
         self._wait()  # the previous update is done and its weights now act
         self._send(("update", index, [_to_host(arg) for arg in args]))
@@ -80,16 +95,25 @@ class Learner:
         return self._results.get(index, {})
 
     # ---------------------------------------------------------------- this process
-    def _start(self) -> None:
+    def _boot(self) -> None:
+        """Start the learner process: it imports torch while this process goes on, then waits for :meth:`_start`."""
         self._published = [p.detach().clone().share_memory_() for p in self.acting.parameters()]
-        parent_conn, child_conn = mp.Pipe()
-        context = mp.get_context("fork")  # the learner inherits the networks and optimiser as they are now
-        self._process = context.Process(target=_serve, name="fleetrl-learner", daemon=True,
-                                        args=(child_conn, parent_conn, self.updates, self.acting, self._published, self.owned,
-                                              self.torch_threads))
+        # the modules the state will need (the algorithm's, the network's), imported while booting, not at the first call
+        modules = sorted({f.__module__ for f in self.updates} | {type(self.acting).__module__} - {"__main__"})
+        context = processes.context()
+        parent_conn, child_conn = context.Pipe()
+        self._process = context.Process(target=_serve, name=PROCESS_NAME, daemon=True,
+                                        args=(child_conn, self._published, self.torch_threads, sys.path, modules))
         self._process.start()
-        child_conn.close()
+        child_conn.close()  # so that the learner is the only holder of its end: this process sees EOF when it dies
         self._conn = parent_conn
+
+    def _start(self) -> None:
+        """Send the learner the update functions and what they close over, as they are now, in one pickle: inside it the
+        optimiser holds the very parameters of the networks the functions update."""
+        self._send(("start", -1, cloudpickle.dumps((self.updates, self.acting, self.owned, torch.get_rng_state()),
+                                                   protocol=pickle.HIGHEST_PROTOCOL)))
+        self._started = True
 
     def _send(self, message: tuple) -> None:
         try:
@@ -132,8 +156,8 @@ class Learner:
 
     def sync(self) -> None:
         """Wait for the learner, then copy its state of every registered object into this process (before a checkpoint)."""
-        if self._process is None:
-            return
+        if not self._started:
+            return  # no update yet: this process's objects are the state
         self._wait()
         self._send(("state", -1, None))
         states = torch.load(io.BytesIO(self._receive()[2]), weights_only=True)
@@ -156,11 +180,19 @@ class Learner:
 
 
 # ---------------------------------------------------------------- the learner process
-def _serve(conn, parent_conn, updates, acting: nn.Module, published: list[torch.Tensor], owned: dict[str, Any], torch_threads: int) -> None:
-    parent_conn.close()  # so that this process sees EOF when the trainer dies
+def _serve(conn, published: list[torch.Tensor], torch_threads: int, sys_path: list[str], modules: list[str]) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)  # the trainer stops the run and checkpoints it; it then closes us
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(PROCESS_NAME)
+    sys.path[:] = sys_path  # a forkserver's child has the server's, and the functions may live in modules only the trainer finds
     torch.set_num_threads(torch_threads)
+    for name in modules:
+        with contextlib.suppress(Exception):  # only a head start: unpickling the state imports them anyway, and reports failures
+            importlib.import_module(name)
+    updates: list[Callable[..., Any]] = []
+    acting: nn.Module | None = None
+    owned: dict[str, Any] = {}
     while True:
         try:
             while not _ready(conn, POLL_SECONDS):
@@ -171,6 +203,10 @@ def _serve(conn, parent_conn, updates, acting: nn.Module, published: list[torch.
         if kind == "stop":
             return
         try:
+            if kind == "start":
+                updates, acting, owned, rng = cloudpickle.loads(payload)
+                torch.set_rng_state(rng)  # draws continue the trainer's stream, as a fork's did
+                continue
             if kind == "state":
                 buffer = io.BytesIO()
                 torch.save({name: obj.state_dict() for name, obj in owned.items()}, buffer)

@@ -35,12 +35,14 @@ def make_replay(run: Any, envs: Any) -> ReplayBuffer:
     capacity = args.buffer_size // dist.world_size
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     check_fits_in_memory(capacity, obs_space, action_space, num_envs=run.local_num_envs, processes=dist.local_world_size,
-                         buffer_size=args.buffer_size)  # every process on this machine holds a shard
+                         buffer_size=args.buffer_size, save_buffer=args.save_buffer)  # every process on this machine holds a shard
     replay = ReplayBuffer(capacity, run.local_num_envs, obs_space, action_space, run.device, check_memory=False)
     if args.save_buffer:
-        run.register_per_rank(replay=replay)
-    elif run.resumed is not None and dist.is_main:
-        print(f"fleetrl: the checkpoint holds no replay buffer (train with --save-buffer for that): the run refills it for "
+        run.register_shard(replay=replay)  # each rank's shard goes to a checkpoint file of its own
+    if run.resumed is not None and not run.restores("replay") and dist.is_main:
+        why = ("it was written without --save-buffer, or by a run of another number of processes" if args.save_buffer
+               else "train with --save-buffer for that")
+        print(f"fleetrl: the checkpoint holds no replay buffer for this run ({why}): the run refills it for "
               f"--learning-starts {args.learning_starts:,} steps before learning goes on.", file=sys.stderr, flush=True)
     return replay
 
@@ -48,9 +50,8 @@ def make_replay(run: Any, envs: Any) -> ReplayBuffer:
 def learning_starts(run: Any) -> int:
     """The global step after which updates happen: ``--learning-starts``, or that many steps after a resume that
     had to refill the buffer."""
-    args = run.args
-    refill = run.resumed is not None and not args.save_buffer
-    return args.learning_starts + (run.global_step if refill else 0)
+    refill = run.resumed is not None and not run.restores("replay")
+    return run.args.learning_starts + (run.global_step if refill else 0)
 
 
 @torch.no_grad()

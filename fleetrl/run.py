@@ -12,9 +12,10 @@ A run is a context: everything the algorithm opens with ``run.closing(...)`` is 
 block ends, however it ends, from the first line of setup on.
 
 Checkpoints hold the objects registered with ``run.register`` (the same on every rank: model, optimiser,
-normalisation statistics) and, per rank, ``run.register_per_rank`` ones (the sampling RNG) and every global
-RNG stream. ``run.restore()``, called right before the first iteration, puts a resumed run's states back,
-so it continues exactly where it stopped (docs/reliability.md says what a resume keeps and restarts).
+normalisation statistics), per rank ``run.register_per_rank`` ones (the sampling RNG) and every global RNG stream,
+and ``run.register_shard`` ones (a replay shard): large per-rank state that each rank streams to a file of its own.
+``run.restore()``, called right before the first iteration, puts a resumed run's states back, so it continues
+exactly where it stopped (docs/reliability.md says what a resume keeps and restarts, and how checkpoints are laid out).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Run:
     _cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _shared: dict[str, Any] = field(default_factory=dict)  # name -> object with state_dict/load_state_dict
     _per_rank: dict[str, Any] = field(default_factory=dict)
+    _shards: dict[str, Any] = field(default_factory=dict)  # large per-rank state, in a file per rank (run.register_shard)
     _remembered: dict[str, Any] = field(default_factory=dict)  # plain values every checkpoint carries (run.remember)
     _env_shapes: tuple | None = None
     _failed_writes: int = 0
@@ -105,17 +107,8 @@ class Run:
 
     @classmethod
     def _start(cls, args, explicit, family_defaults, validate, dist: Dist, algo: str, wide_network: bool, lag_worker: str) -> "Run":
-        # rank 0 finds and loads the checkpoint; everyone gets it (or the same error) by broadcast
-        loaded: Any = None
-        if dist.is_main:
-            try:
-                loaded = _load_resume(args, algo)
-            except FleetError as exc:
-                loaded = exc
-        loaded = dist.broadcast_object(loaded)
-        if isinstance(loaded, FleetError):
-            raise loaded
-        resumed = loaded
+        # rank 0 finds and loads the checkpoint, each rank verifies its own shard of it; everyone gets it (or the same error)
+        resumed = _load_resume(args, algo, dist)
         if resumed is not None:
             args = config.merge_resumed_args(args, resumed["args"], explicit | {"resume", "run_dir"})
             args.run_dir = args.run_dir or resumed["args"]["run_dir"]
@@ -314,6 +307,23 @@ class Run:
         """Objects each rank holds its own of (the sampling RNG): every rank's is saved."""
         self._per_rank.update(objects)
 
+    def register_shard(self, **objects: Any) -> None:
+        """Large objects each rank holds its own of (its replay shard): each rank streams its own to a file of the
+        checkpoint, never gathering or copying it, and a resume loads it back on the same rank (same world size)."""
+        self._shards.update(objects)
+
+    def restores(self, name: str) -> bool:
+        """Whether ``restore`` puts this rank's saved ``name`` (a ``register_shard`` object) back: the resumed checkpoint
+        holds it for this rank, from a run of this world size. Otherwise it starts afresh (a replay buffer refills)."""
+        ranks = (self.resumed or {}).get("ranks") or []
+        if name not in self._shards or len(ranks) != self.dist.world_size:
+            return False
+        return name in self._my_shard().get("holds", ()) or name in ranks[self.dist.rank]  # the latter: kept before shards were
+
+    def _my_shard(self) -> dict[str, Any]:
+        """This rank's entry in the resumed checkpoint's manifest ({} if it has none)."""
+        return next((s for s in (self.resumed or {}).get("_shards", []) if s["rank"] == self.dist.rank), {})
+
     def check_env(self, obs_shape: tuple[int, ...], action_shape: tuple[int, ...]) -> None:
         """The env's shapes, saved with each checkpoint; a resumed checkpoint from an env of other shapes is refused."""
         self._env_shapes = (tuple(obs_shape), tuple(action_shape))
@@ -342,10 +352,17 @@ class Run:
             for name, obj in self._per_rank.items():
                 obj.load_state_dict(mine[name])
             checkpoint.set_rng_state(mine["rng"])
+            restored = [name for name in self._shards if self.restores(name)]
+            if restored:
+                shard = self._my_shard()  # none: a checkpoint of an older fleetrl, which kept it with the rest
+                saved = checkpoint.load_shard(Path(self.resumed["_path"]).parent / shard["name"]) if shard else mine
+                for name in restored:
+                    self._shards[name].load_state_dict(saved[name])  # copied out of the mapped file: never in memory twice
         # another world size: the streams are re-derived from the seed and the step (``seed``), as in a fresh run
 
     def save_checkpoint(self, global_step: int, iteration: int) -> str | None:
-        """Every rank calls this; rank 0 writes the checkpoint (atomically, checksummed) with every rank's RNG streams.
+        """Every rank calls this. Each rank streams its ``register_shard`` objects to its own file; rank 0 writes the
+        rest (with every rank's RNG streams) and, once every file is in place, the manifest that commits them all.
 
         A failed write is reported and retried at the next checkpoint; after ``MAX_FAILED_CHECKPOINTS`` in a row
         the run stops, naming the last good checkpoint. All ranks learn the outcome, so they stop together.
@@ -353,19 +370,32 @@ class Run:
         self.global_step = global_step
         if self._learner is not None:
             self._learner.sync()  # the learner process's networks and optimiser, as of its last update
-        ranks = self.dist.gather_objects({"rng": checkpoint.rng_state(), **{k: v.state_dict() for k, v in self._per_rank.items()}})
-        outcome: tuple[str | None, str | None] = (None, None)
+        shard: dict[str, Any] | str | None = None  # this rank's shard: its manifest entry, or why it could not be written
+        if self._shards:
+            try:
+                shard = checkpoint.write_shard({k: v.state_dict() for k, v in self._shards.items()}, self.args.run_dir,
+                                               global_step, self.dist.rank)
+            except checkpoint.CheckpointWriteError as exc:
+                shard = str(exc)
+        gathered = self.dist.gather_objects(({"rng": checkpoint.rng_state(), **{k: v.state_dict() for k, v in self._per_rank.items()}},
+                                             shard))  # small: the shards themselves stay where they are
+        ranks, shards = [g[0] for g in gathered], [g[1] for g in gathered]
+        outcome: tuple[str | None, str | None, list[str]] = (None, None, [])
         if self.dist.is_main:
             state = {**{k: v.state_dict() for k, v in self._shared.items()}, "ranks": ranks, "global_step": global_step,
                      "iteration": iteration, "algo": self.algo, "family": self.family.name, "args": asdict(self.args),
                      "world_size": self.dist.world_size, "remembered": dict(self._remembered)}
             if self._env_shapes is not None:
                 state["obs_shape"], state["action_shape"] = self._env_shapes
-            try:
-                outcome = (str(checkpoint.save_checkpoint(state, self.args.run_dir, self.args.keep_checkpoints)), None)
-            except checkpoint.CheckpointWriteError as exc:
-                outcome = (None, str(exc))
-        path, failure = self.dist.broadcast_object(outcome)
+            written, failed = None, next((s for s in shards if isinstance(s, str)), None)  # a rank whose shard failed
+            if failed is None:
+                try:
+                    written = str(checkpoint.save_checkpoint(state, self.args.run_dir, self.args.keep_checkpoints, [s for s in shards if s]))
+                except checkpoint.CheckpointWriteError as exc:
+                    failed = str(exc)
+            outcome = (written, failed, [p.name for p in checkpoint.list_checkpoints(self.args.run_dir)])
+        path, failure, kept = self.dist.broadcast_object(outcome)
+        checkpoint.remove_stale_shards(self.args.run_dir, kept)  # a failed write's, retired checkpoints', also on a node's own disk
         if failure is None:
             self._failed_writes, self.last_checkpoint = 0, path
             return path
@@ -422,16 +452,52 @@ def _check_writable(run_dir: str) -> str | None:
     return None
 
 
-def _load_resume(args: Any, algo: str) -> dict[str, Any] | None:
-    if args.resume == "auto":
-        if args.run_dir is None:
-            raise FleetError("--resume auto needs --run-dir: it resumes the newest checkpoint in that folder, or starts fresh there.")
-        if not checkpoint.list_checkpoints(args.run_dir):
-            return None
-        source = args.run_dir
-    elif args.resume is not None:
-        source = args.resume
-    else:
-        return None
-    state, path = checkpoint.load_checkpoint_and_path(source, algo=algo or None)
-    return {**state, "_path": str(path)}
+def _load_resume(args: Any, algo: str, dist: Dist) -> dict[str, Any] | None:
+    """The checkpoint to resume (with its file and shard entries), or None for a fresh run; every rank calls it, and every
+    rank gets the same checkpoint or raises the same error. Rank 0 picks a checkpoint and reads it; for each candidate,
+    every rank verifies the shard it will load (on shared storage or its node's own disk), and the ranks agree (a gather)
+    before it is taken: one rank's torn shard makes all of them skip to the one written before."""
+    if not dist.is_main:
+        while True:  # follow rank 0's choice: verify my shard of each candidate it offers, until it says which one
+            kind, *payload = dist.broadcast_object(None)
+            if kind == "chosen":
+                if isinstance(payload[0], FleetError):
+                    raise payload[0]
+                return payload[0]
+            _shards_agree(dist, *payload)
+
+    def shards_agree(path: Path, state: dict[str, Any], shards: list[dict[str, Any]]) -> str | None:
+        dist.broadcast_object(("verify", path, state.get("world_size"), shards))
+        return _shards_agree(dist, path, state.get("world_size"), shards)
+
+    try:
+        chosen = None
+        if args.resume == "auto":
+            if args.run_dir is None:
+                raise FleetError("--resume auto needs --run-dir: it resumes the newest checkpoint in that folder, or starts fresh there.")
+            source = args.run_dir if checkpoint.list_checkpoints(args.run_dir) else None
+        else:
+            source = args.resume
+        if source is not None:
+            state, path, shards = checkpoint.choose_checkpoint(source, algo or None, shards_agree)
+            chosen = {**state, "_path": str(path), "_shards": shards}
+    except FleetError as exc:
+        chosen = exc
+    dist.broadcast_object(("chosen", chosen))
+    if isinstance(chosen, FleetError):
+        raise chosen
+    return chosen
+
+
+def _shards_agree(dist: Dist, path: Path, world_size: int | None, shards: list[dict[str, Any]]) -> str | None:
+    """Every rank verifies its own shard of the checkpoint ``path`` (when this run loads it: the same world size) and
+    all learn every rank's answer: why the checkpoint's shards are unusable, or None."""
+    problem = None
+    if world_size == dist.world_size:
+        mine = next((s for s in shards if s["rank"] == dist.rank), None)
+        if mine is None:
+            problem = f"of rank {dist.rank} is not in the manifest"
+        elif why := checkpoint.verify_shard(path.parent, mine):
+            problem = f"{mine['name']} (rank {dist.rank}'s) {why}"
+    bad = [p for p in dist.gather_objects(problem) if p]
+    return "its shard " + "; its shard ".join(bad) + "." if bad else None

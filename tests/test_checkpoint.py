@@ -31,7 +31,7 @@ def test_a_crash_while_writing_leaves_the_last_good_checkpoint_intact(tmp_path, 
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash_midway)
-    with pytest.raises(OSError):
+    with pytest.raises(checkpoint.CheckpointWriteError, match="disk full"):  # streamed to disk: reported as a failed write
         checkpoint.save_checkpoint(state(200), tmp_path, keep=3)
     monkeypatch.setattr(torch, "save", real_save)
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt_000000000100.pt"]

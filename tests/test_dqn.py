@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from fleetrl import checkpoint
 from fleetrl.algos import dqn
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import fleetrl_env, killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint, run_fleetrl_in_process
+from conftest import TESTS_DIR, fleetrl_env, killed_on_exit, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 SHORT = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000"]  # learning begins at once on a small budget
@@ -182,15 +183,98 @@ def test_two_ranks_train_on_their_own_envs_and_shards_and_end_with_bit_identical
 
 
 @pytest.mark.slow
-def test_save_buffer_puts_the_replay_buffer_in_the_checkpoint_and_a_resume_keeps_it(tmp_path):
+def test_save_buffer_puts_the_replay_buffer_in_a_shard_file_and_a_resume_keeps_it(tmp_path):
     run_dir = tmp_path / "run"
     base = ["train", "dqn", *SHORT, "--env-backend", "sync", "--save-buffer", "--no-progress", "--run-dir", str(run_dir)]
     first = run_fleetrl(*base, "--total-timesteps", "1500", timeout=120)
     assert first.returncode == 0, first.stderr
-    state = checkpoint.load_checkpoint(checkpoint.resolve_checkpoint(str(run_dir)))
-    replay = state["ranks"][0]["replay"]
-    assert replay, "the checkpoint holds rank 0's replay buffer"
+    path = checkpoint.resolve_checkpoint(str(run_dir))
+    shards = json.loads(checkpoint.manifest_path(path).read_text())["shards"]
+    assert [(s["rank"], s["name"], s["holds"]) for s in shards] == [(0, "ckpt_000000001500.rank0.pt", ["replay"])]
+    assert "replay" not in checkpoint.load_checkpoint(path)["ranks"][0], "the buffer is in its shard, not in the main file"
     resumed = run_fleetrl(*base, "--total-timesteps", "2500", "--resume", "auto", timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert "refills" not in resumed.stderr, "with --save-buffer a resume keeps the buffer and learns on at once"
     assert "done: 2,500 steps" in resumed.stdout
+
+
+# two ranks, 2 envs, a shard of 1,000 transitions each (it wraps by step 3,000), checkpoints at steps 1,000, 2,000 and 3,000
+TWO_RANKS = [*SHORT, "--num-envs", "2", "--batch-size", "64", "--env-backend", "sync", "--save-buffer", "--no-progress",
+             "--checkpoint-every", "5", "--keep-checkpoints", "5"]
+
+
+def replay_check(out, run_dir, *flags: str) -> subprocess.CompletedProcess:
+    """A 2-rank DQN job that writes each rank's buffer at every checkpoint and after a resume's restore (dist_replay_check.py)."""
+    out.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(TESTS_DIR / "dist_replay_check.py"), str(out), "train", "dqn", *TWO_RANKS, "--run-dir", str(run_dir), *flags],
+                          capture_output=True, text=True, timeout=280, env=fleetrl_env())
+
+
+@pytest.fixture(scope="module")
+def two_rank_buffer_run(tmp_path_factory):
+    """A 2-rank --save-buffer run to step 3,000, and each rank's buffer as it was at each of its checkpoints."""
+    run_dir, out = tmp_path_factory.mktemp("two-ranks") / "run", tmp_path_factory.mktemp("saved")
+    proc = replay_check(out, run_dir, "--total-timesteps", "3000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir, out
+
+
+def copy_of(run_dir, tmp_path):
+    """A copy of the module's 2-rank run, for one test to resume (and damage)."""
+    return shutil.copytree(run_dir, tmp_path / "run")
+
+
+def assert_restored_as_saved(restored_dir, saved_dir, step: int) -> None:
+    for rank in (0, 1):
+        saved, restored = np.load(saved_dir / f"saved_rank{rank}_{step}.npz"), np.load(restored_dir / f"restored_rank{rank}.npz")
+        assert int(restored["step"]) == step, f"rank {rank} resumed step {int(restored['step'])}, not {step}"
+        assert int(saved["length"]) == int(restored["length"]) == 1000, "a full shard (1,000 transitions of one env), wrapped by step 3,000"
+        for name in saved.files:
+            assert np.array_equal(saved[name], restored[name]), f"rank {rank}'s {name} differs after the resume"
+    assert not np.array_equal(np.load(saved_dir / f"saved_rank0_{step}.npz")["obs"], np.load(saved_dir / f"saved_rank1_{step}.npz")["obs"]), \
+        "each rank has its own shard"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_ranks_resume_their_own_shards_exactly_and_learn_on_at_once(tmp_path, two_rank_buffer_run):
+    saved_run, saved = two_rank_buffer_run
+    run_dir = copy_of(saved_run, tmp_path)
+    manifest = json.loads(checkpoint.manifest_path(checkpoint.resolve_checkpoint(run_dir)).read_text())
+    assert [s["name"] for s in manifest["shards"]] == ["ckpt_000000003000.rank0.pt", "ckpt_000000003000.rank1.pt"]
+    main = checkpoint.load_checkpoint(run_dir)
+    assert all("replay" not in rank for rank in main["ranks"]), "no rank's buffer went through rank 0 or into the main file"
+
+    resumed = replay_check(tmp_path / "restored", run_dir, "--total-timesteps", "4000", "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "refills" not in resumed.stderr, resumed.stderr[-3000:]
+    assert_restored_as_saved(tmp_path / "restored", saved, 3000)
+    assert [p.step for p in read_scalars(run_dir, "losses/td_loss") if p.step > 3000][0] == 3200, "updates go on in the first iteration"
+    steps = {int(s["step"]) for s in checkpoint.load_checkpoint(run_dir)["optimizer"]["state"].values()}
+    assert steps == {(4000 - 1000) // 10}, f"every update an uninterrupted run makes, none lost to a refill: {steps}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_torn_shard_of_one_rank_makes_every_rank_resume_the_checkpoint_before(tmp_path, two_rank_buffer_run):
+    saved_run, saved = two_rank_buffer_run
+    run_dir = copy_of(saved_run, tmp_path)
+    torn = run_dir / "checkpoints" / "ckpt_000000003000.rank1.pt"
+    torn.write_bytes(torn.read_bytes()[:-100])  # rank 1 was killed while its node wrote it, say
+    resumed = replay_check(tmp_path / "restored", run_dir, "--total-timesteps", "4000", "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "skipping the checkpoint" in resumed.stderr and "ckpt_000000003000.rank1.pt (rank 1's) is torn" in resumed.stderr, resumed.stderr[-3000:]
+    assert_restored_as_saved(tmp_path / "restored", saved, 2000)
+    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == 4000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_resume_under_another_world_size_refills_the_buffer_and_says_so(tmp_path, two_rank_buffer_run):
+    run_dir = copy_of(two_rank_buffer_run[0], tmp_path)
+    alone = run_fleetrl("train", "dqn", *TWO_RANKS, "--total-timesteps", "5000", "--resume", "auto", "--run-dir", str(run_dir), timeout=280)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "refills it" in alone.stderr and "another number of processes" in alone.stderr, alone.stderr[-3000:]
+    resumed_losses = [p.step for p in read_scalars(run_dir, "losses/td_loss") if p.step > 3000]
+    assert resumed_losses and min(resumed_losses) > 4000, "no update before the shard of this one process is refilled"

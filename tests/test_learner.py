@@ -1,8 +1,10 @@
-"""The learner process (``--policy-lag 1``): updates run in a forked process on another core, acting follows one update
-behind, checkpoints hold the learner's state, and neither a kill nor a signal loses or orphans anything."""
+"""The learner process (``--policy-lag 1``): updates run in a process of their own on another core, never forked from the
+trainer, acting follows one update behind, checkpoints hold the learner's state, and neither a kill nor a signal loses or
+orphans anything."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -16,7 +18,7 @@ from torch import nn
 from fleetrl import checkpoint
 from fleetrl.algos import dqn
 from fleetrl.errors import FleetError
-from fleetrl.learner import Learner
+from fleetrl.learner import PROCESS_NAME, Learner
 from fleetrl.monitor.tbread import read_scalars
 
 from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint, run_fleetrl_in_process
@@ -43,7 +45,29 @@ def counter_learner(lag: int):
 
 
 def learner_processes(pid: int) -> list[psutil.Process]:
-    return [child for child in psutil.Process(pid).children(recursive=True) if child.ppid() == pid]
+    """The learner processes under ``pid``, by name: the forkserver forks them, so they are not its direct children."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name() == PROCESS_NAME:
+                found.append(child)
+    return found
+
+
+def adam_learner(lag: int):
+    """A learner whose update is an Adam step of a small network: the optimiser must step the network that acts."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        loss = net(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return {"loss": loss.detach()}
+
+    return net, optimizer, step, Learner([step], acting=net, owned={"net": net, "optimizer": optimizer}, lag=lag, device="cpu")
 
 
 # ------------------------------------------------------------------------------------------ the engine piece
@@ -60,13 +84,54 @@ def test_lag_1_acts_one_update_behind_and_sync_fetches_the_learners_state():
             result = learner(bump, torch.ones(1, 1))
             assert net.weight.item() == k - 1, "after call k, acting holds the weights of update k - 1"
             assert result == ({} if k == 1 else {"weight": float(k - 1)}), "a call returns the previous call's result, as floats"
-        assert len(psutil.Process().children()) >= 1
+        assert learner_processes(os.getpid()) == [psutil.Process(learner._process.pid)], "the updates run in the learner process"
         learner.sync()
         assert net.weight.item() == 5.0, "sync waits for the last update and fetches the learner's state"
         assert learner(bump, torch.full((1, 1), 2.0))["weight"] == 5.0
     finally:
         learner.close()
     assert learner._process is None
+
+
+def test_the_learner_process_is_started_without_forking_this_multi_threaded_process(monkeypatch):
+    def fork():
+        raise AssertionError("the trainer runs threads (monitoring, TensorBoard, OpenMP): a fork of it can deadlock the child")
+
+    monkeypatch.setattr(os, "fork", fork)
+
+    def where() -> dict[str, int]:
+        return {"pid": os.getpid()}
+
+    learner = Learner([where], acting=nn.Linear(1, 1), owned={}, lag=1, device="cpu")
+    try:
+        learner(where)
+        ran_in = learner(where)["pid"]  # the first call's result comes with the second
+        process = psutil.Process(learner._process.pid)
+        assert ran_in == process.pid != os.getpid() and process.name() == PROCESS_NAME
+        assert os.getpid() in [parent.pid for parent in process.parents()], "forked by this process's forkserver"
+    finally:
+        learner.close()
+
+
+def test_lag_1_makes_the_same_updates_as_lag_0_one_call_late_and_the_optimiser_steps_the_acting_network():
+    batches = [torch.randn(8, 3, generator=torch.Generator().manual_seed(k)) for k in range(6)]
+    ends = []
+    for lag in (0, 1):
+        net, optimizer, step, learner = adam_learner(lag)
+        try:
+            before = net.weight.detach().clone()
+            for batch in batches:
+                learner(step, batch)
+            if lag:
+                assert not torch.equal(net.weight, before), "acting follows the learner's updates"
+            learner.sync()
+        finally:
+            learner.close()
+        ends.append((net.state_dict(), optimizer.state_dict()["state"]))
+    (net0, adam0), (net1, adam1) = ends
+    for name in net0:
+        assert torch.equal(net0[name], net1[name]), f"{name} differs: the learner stepped a network other than the acting one"
+    assert {int(s["step"]) for s in adam1.values()} == {len(batches)} and all(torch.equal(adam0[k]["exp_avg"], adam1[k]["exp_avg"]) for k in adam0)
 
 
 @pytest.mark.parametrize("kind", ["fleet", "bug"])

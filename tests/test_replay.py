@@ -11,7 +11,7 @@ from fleetrl.envs import make_vector_env
 from fleetrl.envs.vector import SyncVectorEnv
 from fleetrl.errors import FleetError
 from fleetrl.sampling import replay
-from fleetrl.sampling.replay import ReplayBuffer, check_fits_in_memory, required_bytes
+from fleetrl.sampling.replay import CHECKPOINT_BYTES, ReplayBuffer, check_fits_in_memory, required_bytes
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 
@@ -170,6 +170,22 @@ def test_1m_atari_buffer_takes_under_8_gb_and_a_buffer_too_big_is_refused(monkey
     assert "20.0 GB available" in message and "Lower --buffer-size to at most 2,500,000" in message, message
     with pytest.raises(FleetError, match="does not fit in memory"):  # refused before anything is allocated
         ReplayBuffer(10**9, 1, ATARI_OBS, gym.spaces.Discrete(4), "cpu")
+
+
+def test_the_memory_check_counts_what_save_buffer_checkpoints_need_and_says_so(monkeypatch):
+    need = required_bytes(1_000_000, ATARI_OBS, gym.spaces.Discrete(4))
+
+    class Memory:
+        available = 2 * need + (1 << 30) + CHECKPOINT_BYTES  # two buffers fit, with the headroom: their checkpoints do not
+
+    monkeypatch.setattr(replay.psutil, "virtual_memory", lambda: Memory)
+    assert check_fits_in_memory(1_000_000, ATARI_OBS, gym.spaces.Discrete(4), processes=2) == 2 * need
+    assert check_fits_in_memory(1_000_000, ATARI_OBS, gym.spaces.Discrete(4), save_buffer=True) == need + CHECKPOINT_BYTES
+    with pytest.raises(FleetError) as error:
+        check_fits_in_memory(1_000_000, ATARI_OBS, gym.spaces.Discrete(4), processes=2, buffer_size=2_000_000, save_buffer=True)
+    message = str(error.value)
+    assert f"need {(2 * need + 2 * CHECKPOINT_BYTES) / 1e9:.1f} GB" in message and "for --save-buffer's checkpoints" in message, message
+    assert "Lower --buffer-size to at most 1,900,000" in message, message
 
 
 @pytest.mark.parametrize("env", ["odd-stacks", "CartPole-v1"])

@@ -34,6 +34,10 @@ from fleetrl.nets import network_obs_dtype
 
 FRAME_MARGIN = 1 / 16  # extra frames per transition in a frame ring: one per episode of at least 16 steps
 MEMORY_HEADROOM = 1 << 30  # bytes of available memory left for the networks, envs and the rest of the process
+# what a --save-buffer checkpoint holds in memory besides the buffer: its shard is streamed from the buffer's arrays to a
+# file and read back through a memory map, so never a copy of the buffer, only the pickled structure and I/O buffers
+# (measured under 1 MB for a 760 MB buffer, where serialising it in memory took 765 MB to save and 1,529 MB to load)
+CHECKPOINT_BYTES = 64 << 20
 MAX_REDRAWS = 1000  # draws of indices that hit overwritten frames before sampling gives up (it needs a handful)
 
 
@@ -67,28 +71,32 @@ def required_bytes(capacity: int, obs_space: gym.Space, action_space: gym.Space,
 
 
 def check_fits_in_memory(capacity: int, obs_space: gym.Space, action_space: gym.Space, frame_stack: bool | None = None,
-                         num_envs: int = 1, processes: int = 1, buffer_size: int | None = None) -> int:
+                         num_envs: int = 1, processes: int = 1, buffer_size: int | None = None, save_buffer: bool = False) -> int:
     """Refuse, with a :class:`FleetError` naming the numbers and the fix, a buffer that would not fit in the memory
     available now (less :data:`MEMORY_HEADROOM`); else return the bytes it needs.
 
     ``processes``: how many such buffers this machine holds (the torchrun processes on it); ``buffer_size``: the
-    ``--buffer-size`` flag these buffers share (default ``capacity * processes``), to say how far to lower it.
+    ``--buffer-size`` flag these buffers share (default ``capacity * processes``), to say how far to lower it;
+    ``save_buffer``: checkpoints hold the buffers (``--save-buffer``), which needs :data:`CHECKPOINT_BYTES` more each.
     """
-    need = required_bytes(capacity, obs_space, action_space, frame_stack, num_envs) * processes
+    buffer_bytes = required_bytes(capacity, obs_space, action_space, frame_stack, num_envs)
+    need = (buffer_bytes + (CHECKPOINT_BYTES if save_buffer else 0)) * processes
     available = psutil.virtual_memory().available
     usable = max(available - MEMORY_HEADROOM, 0)
     if need <= usable:
         return need
     buffer_size = capacity * processes if buffer_size is None else buffer_size
-    fits = _round_down(buffer_size * usable / need)
+    fits = _round_down(buffer_size * max(usable - (need - buffer_bytes * processes), 0) / (buffer_bytes * processes))
     frames = stacks_frames(obs_space, frame_stack)
     how = ("each frame of the stacks stored once" if frames else "each observation and next observation stored")
     where = f" ({processes} processes on this machine, a buffer each)" if processes > 1 else ""
+    saved = (f", plus {_gb(CHECKPOINT_BYTES * processes)} for --save-buffer's checkpoints (each process streams its buffer to a "
+             f"file of its own and reads it back mapped, so never holds it twice)" if save_buffer else "")
     raise FleetError(
         f"The replay buffer does not fit in memory: --buffer-size {buffer_size:,} transitions of {obs_space.shape} "
-        f"{np.dtype(obs_space.dtype).name} observations{where} need {_gb(need)} ({need / (capacity * processes):,.0f} bytes per "
-        f"transition, {how}), and this machine has {_gb(available)} available, of which {_gb(MEMORY_HEADROOM)} is kept for "
-        f"the networks and the envs. Lower --buffer-size to at most {fits:,}, or free memory (other programs, or fewer "
+        f"{np.dtype(obs_space.dtype).name} observations{where} need {_gb(need)} ({buffer_bytes / capacity:,.0f} "
+        f"bytes per transition, {how}{saved}), and this machine has {_gb(available)} available, of which {_gb(MEMORY_HEADROOM)} "
+        f"is kept for the networks and the envs. Lower --buffer-size to at most {fits:,}, or free memory (other programs, or fewer "
         f"training processes on this machine), or run on a machine with more memory."
     )
 
@@ -271,8 +279,8 @@ class ReplayBuffer:
             state[name] = torch.from_numpy(getattr(self, name)[:used])
         for name in whole:
             state[name] = torch.from_numpy(getattr(self, name))
-        if self.frame_stack:
-            state["frames"] = torch.from_numpy(np.ascontiguousarray(self.frames[:, : min(self.frames_per_env, int(self.written.max()))]))
+        if self.frame_stack:  # each env's ring up to what it wrote: a view, so a checkpoint streams it without a copy
+            state["frames"] = [torch.from_numpy(self.frames[i, : min(self.frames_per_env, int(n))]) for i, n in enumerate(self.written)]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -283,8 +291,10 @@ class ReplayBuffer:
                 **{name: tuple(getattr(self, name).shape) for name in whole}}
         theirs = {k: (tuple(state[k].shape[1:]) if k in per_slot else tuple(state[k].shape) if k in whole else state[k])
                   if k in state else None for k in mine}
-        if self.frame_stack:
-            mine["frames"], theirs["frames"] = self.frames.shape[2:], tuple(state["frames"].shape[2:]) if "frames" in state else None
+        if self.frame_stack:  # a ring per env (a tensor of them, from checkpoints written before the list)
+            rings = list(state.get("frames", []))
+            mine["frames"], theirs["frames"] = {self.frames.shape[2:]}, {tuple(ring.shape[1:]) for ring in rings}
+            mine["frame rings"], theirs["frame rings"] = self.num_envs, len(rings)
         if theirs != mine:
             differ = "; ".join(f"{k}: {theirs[k]} in the checkpoint, {mine[k]} here" for k in mine if theirs[k] != mine[k])
             raise FleetError(f"The checkpoint's replay buffer does not match this run's ({differ}): resume with the same "
@@ -295,7 +305,8 @@ class ReplayBuffer:
         for name in whole:
             np.copyto(getattr(self, name), state[name].numpy())
         if self.frame_stack:
-            self.frames[:, : state["frames"].shape[1]] = state["frames"].numpy()
+            for i, ring in enumerate(rings):
+                self.frames[i, : len(ring)] = ring.numpy()
 
 
 class _Layout:

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
+from fleetrl import processes
 from fleetrl.cores import available_cores
 from fleetrl.envs.shm.layout import make_layout, map_views
 from fleetrl.envs.shm.supervisor import Supervisor, Worker
@@ -62,15 +63,6 @@ DEFAULT_SPIN_US = 100.0
 # obs, reward, terminated, truncated, info (+ env_ids for recv)
 StepResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 RecvResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]
-
-
-def default_start_method() -> str:
-    """``forkserver`` where the platform has it, else ``spawn``.
-
-    Both are safe when the parent already runs torch threads; ``fork`` starts faster, but forking a
-    multi-threaded process can deadlock the child. Pass ``start_method="fork"`` to choose it anyway.
-    """
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 class SharedMemoryVectorEnv:
@@ -128,7 +120,7 @@ class SharedMemoryVectorEnv:
             raise FleetError(f"threads={threads} must be at least 1 (1: each worker steps its envs one after another).")
         self.async_batch = n if async_batch is None else int(async_batch)
         check_async_batch(n, self.async_batch, "async", num_workers)
-        self.start_method = start_method or default_start_method()
+        self.start_method = start_method or processes.default_start_method()
         if self.start_method not in mp.get_all_start_methods():
             raise FleetError(
                 f"start_method={self.start_method!r} is not available here; choose one of: "
@@ -177,9 +169,7 @@ class SharedMemoryVectorEnv:
         self._workers = workers
         self.threads = max(1, min(int(threads), max(sizes)))
 
-        ctx = mp.get_context(self.start_method)
-        if self.start_method == "forkserver":
-            ctx.set_forkserver_preload(["fleetrl.envs.shm.forkserver_init"])  # the server outlives a SIGTERM to the group
+        ctx = processes.context(self.start_method)  # a forkserver outlives a SIGTERM to the group
         buffer = ctx.RawArray(ctypes.c_uint8, nbytes)
         self._views = map_views(buffer, layout)
         self._supervisor = Supervisor(workers, ctx, buffer, layout, self._views, env_names, threads=self.threads,
