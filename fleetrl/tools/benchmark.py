@@ -33,7 +33,7 @@ from fleetrl.tools.benchmark_runs import (
     status_path,
     write_status,
 )
-from fleetrl.tools.benchmark_slurm import run_array, write_slurm_script
+from fleetrl.tools.benchmark_slurm import check_slurm, run_array, write_slurm_script
 from fleetrl.tools.processes import child_env, describe_exit, has_flag, signal_group, start_run, stop_runs
 from fleetrl.tools.processes import split_command  # noqa: F401  (fleetrl/cli.py's `minicluster` imports it from here)
 from fleetrl.tools.returns import FINAL_POINTS, RETURN_TAG, final_return
@@ -274,6 +274,8 @@ def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
         raise FleetError("Give --slurm (submit the array and follow it) or --slurm-template (only write the script, to submit by hand), not both.")
     runs = plan(args)
     scales = stats.check_args(args.stats, list(dict.fromkeys(args.env_ids)), "--env-ids")
+    if args.slurm:
+        check_slurm()
     out = Path(args.out or os.path.join("runs", f"benchmark_{int(time.time())}"))
     try:
         (out / "logs").mkdir(parents=True, exist_ok=True)

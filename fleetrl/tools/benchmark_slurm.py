@@ -103,6 +103,11 @@ def write_slurm_script(out: Path, base: list[str], runs: list[Run], cpus: int) -
     return write_array_script(out, TOOL, len(runs), cpus, f"{len(runs)} tasks, one per env x seed.", body, about, directives)
 
 
+def check_slurm() -> None:
+    """--slurm: refuse, before anything is written, where Slurm does not answer."""
+    slurm_jobs.check_reachable(instead="Without Slurm, leave out --slurm to run here, or write the script with --slurm-template.")
+
+
 class BenchmarkStopped(FleetError):
     """Ctrl-C or SIGTERM while following the array: it was cancelled; the same command resumes it."""
 
@@ -110,7 +115,6 @@ class BenchmarkStopped(FleetError):
 def run_array(runs: list[Run], todo: list[Run], base: list[str], out: Path, cpus: int) -> list[Result]:
     """Submit the ``todo`` runs of the grid ``runs`` as one job array and follow it until each task has ended; their
     results, collected as the local pool collects them (status files, final returns). Ctrl-C cancels the array."""
-    slurm_jobs.check_reachable(instead="Without Slurm, leave out --slurm to run here, or write the script with --slurm-template.")
     earlier = slurm_array.live_array(out, TOOL)
     if earlier is not None:
         job_id, live = earlier

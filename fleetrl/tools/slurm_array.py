@@ -22,6 +22,7 @@ from fleetrl.tools.processes import describe_exit, log_tail
 POLL_S = 2.0  # how often slurmctld is asked for the tasks' states; far below MinJobAge (300 s), after which it forgets them
 FORGOTTEN_POLLS = 3  # a task slurmctld no longer knows on this many polls in a row ended while nobody looked
 STOP_WAIT_S = 120.0  # after Ctrl-C or SIGTERM (scancel), how long to watch the tasks end: KillWait (30 s by default) and more
+SILENT_CONTROLLER_S = 600.0  # a controller that answers no poll for this long is gone for now: stop following, say so
 UNKNOWN = "UNKNOWN"  # the state of a task slurmctld forgot before it was seen to end
 
 
@@ -116,6 +117,7 @@ class ArrayJob:
         self.on_end, self.status, self.poll_s = on_end, status, poll_s
         self.stopped_by: int | None = None  # the signal that cancelled the array
         self._leave = False
+        self._answered = time.monotonic()  # when slurmctld last answered a poll
 
     def follow(self) -> list[Task]:
         in_main = threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
@@ -145,8 +147,12 @@ class ArrayJob:
         try:
             known = slurm_jobs.array_tasks(self.job_id, self.env)
         except slurm_jobs.SlurmError as exc:  # the controller busy or restarting: ask again at the next poll
+            if time.monotonic() - self._answered > SILENT_CONTROLLER_S:
+                raise slurm_jobs.SlurmError(f"Slurm's controller has not answered for {SILENT_CONTROLLER_S:g} s ({exc}); the array "
+                                            f"{self.job_id} may still be running. Run the same command again once `squeue` answers.") from None
             self.display.event(f"could not read the array's state ({exc}); asking again")
             return
+        self._answered = time.monotonic()
         for task in self.tasks:
             was_ended = task.ended
             if task.update(known.get(task.index)):
@@ -177,7 +183,10 @@ def record_path(out: Path, tool: str) -> Path:
 
 
 def record(out: Path, tool: str, job_id: str, tasks: list[Task]) -> None:
-    record_path(out, tool).write_text(json.dumps({"job_id": job_id, "tasks": {t.index: t.label for t in tasks}}) + "\n")
+    """Note the array submitted for ``out`` (written then renamed: a reader never sees half of it)."""
+    tmp = record_path(out, tool).with_suffix(f".tmp.{os.getpid()}")
+    tmp.write_text(json.dumps({"job_id": job_id, "tasks": {t.index: t.label for t in tasks}}) + "\n")
+    os.replace(tmp, record_path(out, tool))
 
 
 def live_array(out: Path, tool: str, env: dict[str, str] | None = None) -> tuple[str, list[str]] | None:

@@ -58,13 +58,16 @@ def check_reachable(env: dict[str, str] | None = None, instead: str = "") -> Non
         raise SlurmError(f"No Slurm here: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH. Run this on a "
                          f"machine that submits to your cluster (a login node), or install Slurm's client commands "
                          f"(Debian/Ubuntu: apt-get install slurm-wlm).{' ' + instead if instead else ''}")
+    conf = (env or os.environ).get("SLURM_CONF")
+    if conf and not Path(conf).is_file():  # Slurm's commands would retry it for a minute before they say so
+        raise SlurmError(f"SLURM_CONF={conf}, which is not a file: point it at your cluster's slurm.conf, or unset it to use "
+                         f"/etc/slurm/slurm.conf.{' ' + instead if instead else ''}")
     try:
         proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_TIMEOUT_S, env=env)
-        said = proc.stdout + proc.stderr
+        said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if line.strip("* "))  # not its banner of stars
     except subprocess.TimeoutExpired:
         said = f"no answer within {PING_TIMEOUT_S:g} s"
     if " is UP" not in said:
-        conf = (env or os.environ).get("SLURM_CONF")
         raise SlurmError(f"Slurm's controller does not answer here (`scontrol ping`: {' '.join(said.split())[:300] or 'no output'}). "
                          f"Check that the cluster is up and that this machine's Slurm configuration "
                          f"({f'SLURM_CONF={conf}' if conf else '/etc/slurm/slurm.conf, or SLURM_CONF'}) names its controller."

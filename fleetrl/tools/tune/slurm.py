@@ -107,9 +107,9 @@ class SlurmTasksFailed(FleetError):
 
 
 def check_slurm(spec: StorageSpec, out: Path) -> None:
-    """--slurm: refuse before the study is touched where the array cannot run or share it."""
-    slurm_jobs.check_reachable(instead="Without Slurm, leave out --slurm to tune here, or write the script with --slurm-template.")
+    """--slurm: refuse before the study is touched where the array's tasks could not share it, or Slurm does not answer."""
     check_reachable_storage(spec, out)
+    slurm_jobs.check_reachable(instead="Without Slurm, leave out --slurm to tune here, or write the script with --slurm-template.")
 
 
 def run_array(args: TuneArgs, algo: Algo, spec: StorageSpec, study, out: Path, display: Display) -> ArrayJob:
