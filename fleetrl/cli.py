@@ -89,7 +89,7 @@ def _preflight(argv: list[str]) -> None:
 
 
 def _minicluster(argv: list[str]) -> None:
-    from fleetrl.tools.benchmark import split_command
+    from fleetrl.tools.processes import split_command
     from fleetrl.tools.minicluster import MiniClusterArgs, main
 
     flags, command = split_command(argv)

@@ -274,3 +274,67 @@ else:
 def hypothesis_examples(ci: int, full: int) -> int:
     """The examples a property test runs under the loaded profile."""
     return full if HYPOTHESIS_PROFILE == "full" else ci
+
+
+def find_postgres_bin() -> Path | None:
+    """The folder of PostgreSQL's server programs (initdb, pg_ctl), or None where the server is not installed."""
+    import shutil
+    from glob import glob
+
+    found = sorted(glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found and shutil.which("dpkg"):
+        listed = subprocess.run(["dpkg", "-L", "postgresql-15"], capture_output=True, text=True).stdout.split()
+        found = [p for p in listed if p.endswith("bin/initdb")]
+    return Path(found[-1]).parent if found else None
+
+
+@contextlib.contextmanager
+def postgres_server(address: str = "127.0.0.1", clients: str | None = None):
+    """A throwaway PostgreSQL server listening on ``address`` only, trusting ``clients`` (a CIDR such as 10.77.1.0/24,
+    besides loopback), as an unprivileged user (the server refuses root); yields its URL. Stopped when the block ends,
+    however it ends, and its processes checked gone. Skips where the server is not installed, except under CI=true."""
+    import pwd
+    import shutil
+    import socket
+    import tempfile
+
+    import psutil
+
+    bindir = find_postgres_bin()
+    if bindir is None:
+        why = "PostgreSQL server binaries (initdb, pg_ctl) not found; apt-get install postgresql-15 to run this test"
+        if os.environ.get("CI") == "true":  # .ci/run installs the server: a skip there would hide that CI stopped running the test
+            pytest.fail(f"{why}. CI=true, where this test must run.")
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix="fleetrl-pg-"))
+    as_user = {}
+    if os.geteuid() == 0:
+        nobody = pwd.getpwnam("nobody")
+        os.chown(root, nobody.pw_uid, nobody.pw_gid)
+        as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+    with socket.socket() as s:
+        s.bind((address, 0))
+        port = s.getsockname()[1]
+    data, log = root / "data", root / "server.log"
+    server: list[psutil.Process] = []
+
+    def pg(*args) -> None:
+        done = subprocess.run([bindir / args[0], *args[1:]], capture_output=True, text=True, cwd=root, **as_user)
+        assert done.returncode == 0, f"{args[0]} failed ({done.returncode}): {done.stdout}{done.stderr}"
+
+    try:
+        pg("initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
+        if clients is not None:
+            with open(data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {clients} trust\n")
+        pg("pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "-o", f"-p {port} -h {address} -k {root} -F", "start")
+        postmaster = psutil.Process(int((data / "postmaster.pid").read_text().split()[0]))
+        server += [postmaster, *postmaster.children(recursive=True)]
+        yield f"postgresql://postgres@{address}:{port}/postgres"
+    finally:
+        subprocess.run([bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"], capture_output=True, cwd=root, **as_user)
+        _, left = psutil.wait_procs(server, timeout=30)
+        for proc in left:
+            proc.kill()
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"the test's PostgreSQL server outlived pg_ctl stop: {left}"

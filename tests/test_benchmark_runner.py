@@ -165,7 +165,9 @@ def test_bad_benchmark_input_is_a_clear_error(tmp_path):
     assert seeded.returncode == 2 and "Remove --seed" in seeded.stderr
     zero = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--workers", "0", "--", *ECHO)
     assert zero.returncode == 2 and "--workers must be at least 1" in zero.stderr
-    for stderr in (no_command.stderr, seeded.stderr, zero.stderr):
+    both = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--slurm", "--slurm-template", "--", *ECHO, timeout=60)
+    assert both.returncode == 2 and "Give --slurm (submit the array and follow it) or --slurm-template" in both.stderr
+    for stderr in (no_command.stderr, seeded.stderr, zero.stderr, both.stderr):
         assert "Traceback" not in stderr
 
 
@@ -235,8 +237,10 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     assert 0 < stopped_at < iterations * 512, "checkpointed off the cadence, where the warning found it"
     assert not (out / "status" / "CartPole-v1__1.json").exists(), "a requeued task is not finished"
 
-    requeued = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    requeued = subprocess.run(["bash", str(script)], env={**env, "SLURM_RESTART_COUNT": "1"}, capture_output=True, text=True, timeout=300)
     assert requeued.returncode == 0, requeued.stdout + requeued.stderr
+    log = (out / "logs" / "CartPole-v1__1.log").read_text()
+    assert "stopped by SIGTERM" in log and "requeued: start 2 of this task" in log, "the requeued start appends to the log"
     assert json.loads((out / "status" / "CartPole-v1__1.json").read_text())["ok"] is True
     assert checkpoint.load_checkpoint(run_dir)["global_step"] == iterations * 512
     steps = [p.step for p in read_scalars(run_dir, "charts/learning_rate")]

@@ -1,9 +1,12 @@
 """fleetrl on a real Slurm cluster: a throwaway one (fleetrl/tools/minicluster.py) with two nodes, each a host of its
-own, running docs/slurm/train.sbatch as a user would: 2-node training, a killed node, a requeue, a preemption."""
+own, running docs/slurm/train.sbatch as a user would: 2-node training, a killed node, a requeue, a preemption; and
+`fleetrl benchmark --slurm` and `fleetrl tune --slurm` submitting arrays over both nodes and following them."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
+import json
 import os
 import re
 import shutil
@@ -18,9 +21,10 @@ import pytest
 
 from fleetrl import checkpoint
 from fleetrl.monitor.tbread import read_scalars
-from fleetrl.tools import minicluster
+from fleetrl.tools import minicluster, slurm_jobs
+from fleetrl.tools.returns import final_return
 
-from conftest import assert_same_learner, fleetrl_env, require_slurm
+from conftest import assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_slurm
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = REPO / "docs" / "slurm" / "train.sbatch"
@@ -251,3 +255,251 @@ def test_the_docs_give_the_script_the_tests_run():
     block = re.search(r"```bash\n(#!/bin/bash\n# fleetrl data-parallel training on Slurm.*?)```", docs, re.S)
     assert block, "docs/distributed.md shows docs/slurm/train.sbatch"
     assert block.group(1) == TRAIN_SCRIPT.read_text(), "docs/distributed.md shows docs/slurm/train.sbatch as it is"
+
+
+# ---- fleetrl benchmark and fleetrl tune submit arrays ------------------------------------------------------------
+
+# CartPole in one iteration of 4 envs x 128 steps. The backend, precision and threads are fixed: auto measures and
+# decides, and a 1-CPU task and a process on the whole machine could decide differently (the benchmark gives each run
+# --torch-threads: 1 here, from --workers 2 on 2 cores, and on Slurm from --slurm-cpus-per-task 1)
+BENCH_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "512", "--num-envs", "4", "--num-steps", "128", "--env-backend", "sync",
+               "--precision", "fp32", "--no-progress"]
+BENCH_GRID = ["--env-ids", "CartPole-v1", "CartPole-v0", "--num-seeds", "2"]
+
+
+def kill_arrays(cluster: minicluster.MiniCluster, jobs: set[str]) -> None:
+    """Cancel the arrays' pending tasks, so that none starts, then kill the running ones (~2 s; a finished array: Slurm
+    only says so)."""
+    for job in jobs:
+        cluster.slurm("scancel", "--state=PENDING", job, check=False)
+        cluster.slurm("scancel", "--signal=KILL", job, check=False)
+
+
+@pytest.fixture
+def own_jobs_killed(slurm_cluster):
+    """Every job the test submitted (through fleetrl's CLI, whose job ids the test may never see) is killed as it ends,
+    however it ends: a failed test leaves no array holding the shared cluster's nodes."""
+    def jobs() -> set[str]:
+        return set(slurm_cluster.slurm("squeue", "--noheader", "--format=%F", check=False).split())
+
+    before = jobs()
+    yield
+    kill_arrays(slurm_cluster, jobs() - before)
+
+
+@pytest.fixture(scope="module")
+def benchmark_both_ways(slurm_cluster, tmp_path_factory):
+    """The same 4-run grid (2 envs x 2 seeds) by `fleetrl benchmark --slurm` on the cluster and by a local pool of two
+    workers, at the same time (each is mostly process starts); returns {"slurm"|"local": (process, out folder, seconds)}."""
+    root = tmp_path_factory.mktemp("benchmark")
+    env = slurm_cluster.env(fleetrl_env())
+    procs, began = {}, time.monotonic()
+    for way, flags in (("slurm", ["--slurm"]), ("local", ["--workers", "2"])):
+        procs[way] = subprocess.Popen([sys.executable, "-m", "fleetrl", "benchmark", *BENCH_GRID, "--out", str(root / way), *flags, "--",
+                                       *BENCH_TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=root,
+                                      start_new_session=True)
+    done = {}
+    with killed_on_exit(*procs.values()):
+        for way, proc in procs.items():
+            output = proc.communicate(timeout=300)[0]
+            done[way] = (proc, output, root / way, round(time.monotonic() - began, 1))
+    yield done
+    record = root / "slurm" / "benchmark.slurm.json"
+    if record.exists():  # the array has ended already, unless the benchmark failed
+        kill_arrays(slurm_cluster, {json.loads(record.read_text())["job_id"]})
+
+
+def summary_without_wall_times(out: Path) -> list[dict]:
+    with open(out / "summary.csv") as f:
+        return [{k: v for k, v in row.items() if not k.startswith("wall")} for row in csv.DictReader(f)]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_benchmark_array_on_the_two_nodes_summarises_exactly_as_a_local_run_of_the_same_seeds(benchmark_both_ways):
+    (proc, output, out, took), (local, local_output, local_out, _) = benchmark_both_ways["slurm"], benchmark_both_ways["local"]
+    print(f"benchmark array of 4 tasks (and the local pool beside it): {took} s")
+    assert proc.returncode == 0, output
+    assert local.returncode == 0, local_output
+    # the live view: each task's state as it changed, and the array's counts
+    job = json.loads((out / "benchmark.slurm.json").read_text())["job_id"]
+    for task in range(4):
+        assert re.search(rf"task {job}_{task} \(CartPole-v[01] seed [12]\): RUNNING on node[12]", output), output
+        assert re.search(rf"task {job}_{task} \(CartPole-v[01] seed [12]\): COMPLETED on node[12]", output), output
+    assert f"array {job}: 4 COMPLETED" in output
+    assert set(re.findall(r"COMPLETED on (node\d)", output)) == {"node1", "node2"}, "the tasks ran on both nodes"
+    # collected as a local run collects them: the same summary, and the same final return for every run
+    assert "| CartPole-v1 |" in output and "summary: " in output
+    assert summary_without_wall_times(out) == summary_without_wall_times(local_out)
+    for run in ("CartPole-v1__1", "CartPole-v1__2", "CartPole-v0__1", "CartPole-v0__2"):
+        assert final_return(out / run) == final_return(local_out / run) is not None, run
+        assert json.loads((out / "status" / f"{run}.json").read_text())["ok"] is True
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_one_cpu_slurm_task_plans_its_threads_for_one_core(benchmark_both_ways, slurm_cluster):
+    """Cores from Slurm: each array task asked for 1 CPU (--slurm-cpus-per-task 1), and Slurm's affinity binding (each
+    mini cluster node has one core of its own here) reaches the thread plan that the task's fleetrl run prints."""
+    _, output, out, _ = benchmark_both_ways["slurm"]
+    per_core = minicluster._hardware().get("ThreadsPerCore", 1)  # Slurm hands out whole cores: 1 CPU is 1 core, its hyperthreads too
+    machine = os.cpu_count()
+    for log in sorted((out / "logs").glob("CartPole-*.log")):
+        plan = next((line for line in log.read_text().splitlines() if line.startswith("threads on")), None)
+        assert plan is not None, log.read_text()[-2000:]
+        expected = f"threads on {per_core} core{'s' if per_core > 1 else ''}"
+        expected += f" (affinity mask {per_core} of the machine's {machine})" if per_core != machine else ""
+        assert plan.startswith(expected + ":"), f"{log.name}: {plan}"
+        assert "torch 1 (--torch-threads)" in plan, plan  # the task's thread count: its SLURM_CPUS_PER_TASK
+
+
+# a run that says where it started; Bad-v0 fails at once; the others wait, Finishes-v0 until OUT/go exists, Waits-v0
+# until SIGTERM, and say so
+FAKE_RUN = [sys.executable, "-c", """import os, signal, socket, sys, time
+args = sys.argv[1:]
+env_id, run_dir = args[args.index("--env-id") + 1], args[args.index("--run-dir") + 1]
+print("started", env_id, "on", socket.gethostname(), flush=True)
+if env_id == "Bad-v0":
+    print("this env is bad: giving up", flush=True)
+    sys.exit(3)
+signal.signal(signal.SIGTERM, lambda *_: (print("SIGTERM: stopping", flush=True), sys.exit(143)))
+go = os.path.join(os.path.dirname(run_dir), "go")
+while not (env_id == "Finishes-v0" and os.path.exists(go)):
+    time.sleep(0.1)
+"""]
+
+
+def wait_until(condition, timeout: float, what: str, output_of: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert output_of is None or output_of.poll() is None, f"exited ({output_of.returncode}) while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(240)
+def test_benchmark_tasks_fail_with_their_exit_code_and_log_a_requeue_keeps_the_log_and_scancel_or_ctrl_c_cancels(
+        slurm_cluster, own_jobs_killed, tmp_path):
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "fleetrl", "benchmark", "--env-ids", "Bad-v0", "Finishes-v0", "Waits-v0", "--num-seeds", "1",
+            "--out", str(out), "--slurm", "--", *FAKE_RUN]
+    env = slurm_cluster.env(fleetrl_env())
+
+    def state(task: int) -> dict[str, str]:
+        return slurm_jobs.array_tasks(job, env).get(task, {})
+
+    def log(name: str) -> list[str]:
+        """The lines of the run's log (its first lines are the command, the fake run's code among them)."""
+        path = out / "logs" / f"{name}__1.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def said(name: str, start: str) -> list[int]:
+        """Where the run's log has lines that start so."""
+        return [i for i, line in enumerate(log(name)) if line.startswith(start)]
+
+    follower = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    with killed_on_exit(follower):
+        wait_until(lambda: (out / "benchmark.slurm.json").exists(), 60, "the array's submission", follower)
+        job = json.loads((out / "benchmark.slurm.json").read_text())["job_id"]
+        # task 0 (Bad-v0) fails; then the others run, one on each node
+        wait_until(lambda: said("Finishes-v0", "started Finishes-v0") and said("Waits-v0", "started Waits-v0"), 60,
+                   "both waiting runs to start", follower)
+        assert state(0)["JobState"] == "FAILED"
+        # a requeue (as a preemption does): SIGTERM, and the task runs again after cred_expire, its log kept
+        slurm_cluster.slurm("scontrol", "requeue", f"{job}_1")
+        wait_until(lambda: len(said("Finishes-v0", "started Finishes-v0")) == 2, 60, "the requeued task to start again", follower)
+        # a plain scancel ends a task for good: the script's SIGTERM trap no longer requeues it
+        slurm_cluster.slurm("scancel", f"{job}_2")
+        (out / "go").touch()
+        output = follower.communicate(timeout=60)[0]
+    assert follower.returncode == 1, output
+    assert state(1)["JobState"] == "COMPLETED" and state(1)["Restarts"] == "1"
+    assert state(2)["JobState"] == "CANCELLED" and state(2)["Restarts"] == "0", "scancel cancelled the task, not requeued it"
+    # the requeued task's log: its first start, stopped by the requeue's SIGTERM, then its second start, appended
+    starts, stopped, again = said("Finishes-v0", "started Finishes-v0"), said("Finishes-v0", "SIGTERM: stopping"), \
+        said("Finishes-v0", "--- ")
+    assert len(starts) == 2 and len(stopped) == 1 and starts[0] < stopped[0] < again[0] < starts[1], log("Finishes-v0")
+    assert "requeued: start 2 of this task" in log("Finishes-v0")[again[0]]
+    assert any("SIGTERM (scancel, scontrol requeue or a preemption): the run writes a checkpoint" in line for line in log("Finishes-v0"))
+    assert said("Waits-v0", "SIGTERM: stopping")
+    # the live view said what happened to each task; the failed ones are reported with their exit code and log tail
+    assert re.search(rf"task {job}_0 \(Bad-v0 seed 1\): FAILED: exit code 3 on node[12]", output), output
+    assert re.search(rf"task {job}_1 \(Finishes-v0 seed 1\): PENDING.*requeued 1x", output), output
+    assert re.search(rf"task {job}_2 \(Waits-v0 seed 1\): CANCELLED on node[12]", output), output
+    assert re.search(rf"FAILED Bad-v0 seed 1: exit code 3 on node[12] \(Slurm task {job}_0\)", output), output
+    assert "  | this env is bad: giving up" in output
+    assert "2 of 3 runs failed" in output and "Traceback" not in output
+
+    # the same command again submits what did not finish; Ctrl-C cancels that array, and nothing of it stays queued
+    follower = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    with killed_on_exit(follower):
+        wait_until(lambda: json.loads((out / "benchmark.slurm.json").read_text())["job_id"] != job, 60, "the second array", follower)
+        job = json.loads((out / "benchmark.slurm.json").read_text())["job_id"]
+        # its first start begins the run's log afresh
+        wait_until(lambda: said("Waits-v0", "started Waits-v0") and not said("Waits-v0", "SIGTERM: stopping"), 60,
+                   "the waiting run to start again", follower)
+        follower.send_signal(signal.SIGINT)
+        output = follower.communicate(timeout=90)[0]
+    assert follower.returncode == 130, output
+    assert "skipped Finishes-v0 seed 1: finished in an earlier call" in output
+    assert f"stopping: cancelling the array {job}" in output and f"the Slurm array {job} was cancelled" in output
+    assert state(1) == {} or state(1)["JobState"] == "CANCELLED"  # task 1 was not submitted this time
+    assert state(2)["JobState"] == "CANCELLED" and state(2)["Restarts"] == "0"
+    assert not slurm_cluster.slurm("squeue", "--noheader", f"--jobs={job}"), "no task of the array is left queued or running"
+
+
+def test_slurm_flags_are_one_clear_error_where_no_slurm_answers(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning-rate: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\n")
+    tools = {"benchmark": ["benchmark", "--env-ids", "CartPole-v1", "--out", str(tmp_path / "b"), "--slurm", "--", "true"],
+             "tune": ["tune", "--env-ids", "CartPole-v1", "--search", str(space), "--out", str(tmp_path / "t"), "--slurm", "--",
+                      "fleetrl", "train", "ppo"]}
+    for tool, argv in tools.items():
+        no_slurm = subprocess.run([sys.executable, "-m", "fleetrl", *argv], capture_output=True, text=True, timeout=120,
+                                  env={**fleetrl_env(), "PATH": "/nonexistent"})
+        assert no_slurm.returncode == 2 and no_slurm.stderr.startswith("fleetrl: error: No Slurm here: sbatch"), no_slurm.stderr
+        assert "--slurm-template" in no_slurm.stderr and len(no_slurm.stderr.strip().splitlines()) == 1, no_slurm.stderr
+        if tool == "benchmark" and shutil.which("scontrol"):  # Slurm's commands, but a configuration that is missing, or names no
+            # running controller (one check for both tools: slurm_jobs.check_reachable)
+            dead = tmp_path / "dead.conf"
+            dead.write_text("ClusterName=none\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\nNodeName=n1 CPUs=1\n"
+                            "PartitionName=p Nodes=n1\n")
+            for conf, said in ((tmp_path / "no-such.conf", "which is not a file"), (dead, "Slurm's controller does not answer here")):
+                no_cluster = subprocess.run([sys.executable, "-m", "fleetrl", *argv], capture_output=True, text=True, timeout=180,
+                                            env={**fleetrl_env(), "SLURM_CONF": str(conf)})
+                assert no_cluster.returncode == 2 and said in no_cluster.stderr, no_cluster.stderr
+                assert "Traceback" not in no_cluster.stderr and len(no_cluster.stderr.strip().splitlines()) == 1, no_cluster.stderr
+        assert not list(tmp_path.glob("*/*.slurm")), "refused before anything was written or submitted"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_four_trial_tune_array_over_both_nodes_records_exactly_four_trials_in_postgresql_on_the_bridge(
+        slurm_cluster, own_jobs_killed, tmp_path):
+    optuna = pytest.importorskip("optuna", reason="the tune extra is not installed: pip install 'fleetrl[tune]'")
+    from fleetrl.tools.tune.storage import open_storage, parse_storage
+
+    space = tmp_path / "space.yaml"
+    space.write_text("learning-rate: {type: float, low: 1.0e-4, high: 3.0e-3, log: true}\nupdate-epochs: {type: int, low: 2, high: 4}\n")
+    bridge = slurm_cluster.controller_address  # this machine's address on the nodes' network: the server listens there only
+    with postgres_server(bridge, clients=f"{bridge.rsplit('.', 1)[0]}.0/24") as url:
+        began = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "fleetrl", "tune", "--env-ids", "CartPole-v1", "--search", str(space),
+                               "--study-name", "across", "--trials", "4", "--storage", url, "--out", str(tmp_path / "out"), "--slurm",
+                               "--slurm-workers", "2", "--slurm-cpus-per-task", "1", "--", "fleetrl", "train", "ppo",
+                               "--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"],
+                              capture_output=True, text=True, timeout=360, env=slurm_cluster.env(fleetrl_env()), cwd=tmp_path)
+        print(f"tune array of 2 tuners, 4 trials: {time.monotonic() - began:.1f} s")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        study = optuna.load_study(study_name="across", storage=open_storage(parse_storage(url), stale_after=600))
+        trials = study.get_trials(deepcopy=False)
+    assert url.startswith(f"postgresql://postgres@{bridge}:") and not bridge.startswith("127.")
+    assert sorted(t.number for t in trials) == [0, 1, 2, 3] and all(t.state.name == "COMPLETE" for t in trials)
+    assert {t.user_attrs["host"] for t in trials} == {"node1", "node2"}, "the tuners on both nodes ran trials"
+    for task in (0, 1):
+        assert re.search(rf"task \d+_{task} \(tuner worker {task}\): RUNNING on node[12]", proc.stdout), proc.stdout
+        assert re.search(rf"task \d+_{task} \(tuner worker {task}\): COMPLETED on node[12]", proc.stdout), proc.stdout
+    assert "trials 4/4 done: 4 complete" in proc.stdout and "fleetrl tune: study 'across': 4 trials (4 complete" in proc.stdout

@@ -5,15 +5,9 @@ stopped or killed tuner leaves the storage consistent, and bad input is one clea
 from __future__ import annotations
 
 import csv
-import os
-import pwd
-import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import time
-from glob import glob
 from pathlib import Path
 
 import psutil
@@ -30,7 +24,7 @@ from fleetrl.tools.tune.score import EpisodeFollower, run_score, trial_score  # 
 from fleetrl.tools.tune.storage import open_storage, parse_storage  # noqa: E402
 from fleetrl.tools.tune.study import counted  # noqa: E402
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl  # noqa: E402
+from conftest import killed_on_exit, postgres_server, run_fleetrl, start_fleetrl  # noqa: E402
 
 # 8 iterations of 2 envs x 128 steps: a trial costs a few seconds, mostly the trainer's start
 TINY = ["fleetrl", "train", "ppo", "--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"]
@@ -230,53 +224,11 @@ def test_two_tuners_share_one_sqlite_study_without_losing_or_duplicating_trials(
     two_tuners_share_one_study(tmp_path, f"sqlite:///{tmp_path / 'shared.db'}")
 
 
-def find_postgres_bin() -> Path | None:
-    found = sorted(glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not found and shutil.which("dpkg"):
-        listed = subprocess.run(["dpkg", "-L", "postgresql-15"], capture_output=True, text=True).stdout.split()
-        found = [p for p in listed if p.endswith("bin/initdb")]
-    return Path(found[-1]).parent if found else None
-
-
 @pytest.fixture
 def postgres_url():
-    """A throwaway PostgreSQL cluster on a free loopback port, as an unprivileged user (the server refuses root); stopped
-    when the test ends, and its processes checked gone."""
-    bindir = find_postgres_bin()
-    if bindir is None:
-        why = "PostgreSQL server binaries (initdb, pg_ctl) not found; apt-get install postgresql-15 to run this test"
-        if os.environ.get("CI") == "true":  # .ci/run installs the server: a skip there would hide that CI stopped running the test
-            pytest.fail(f"{why}. CI=true, where this test must run.")
-        pytest.skip(why)
-    root = Path(tempfile.mkdtemp(prefix="fleetrl-pg-"))
-    as_user = {}
-    if os.geteuid() == 0:
-        nobody = pwd.getpwnam("nobody")
-        os.chown(root, nobody.pw_uid, nobody.pw_gid)
-        as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data, log = root / "data", root / "server.log"
-    server: list[psutil.Process] = []
-
-    def pg(*args) -> None:
-        done = subprocess.run([bindir / args[0], *args[1:]], capture_output=True, text=True, cwd=root, **as_user)
-        assert done.returncode == 0, f"{args[0]} failed ({done.returncode}): {done.stdout}{done.stderr}"
-
-    try:
-        pg("initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
-        pg("pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "-o", f"-p {port} -h 127.0.0.1 -k {root} -F", "start")
-        postmaster = psutil.Process(int((data / "postmaster.pid").read_text().split()[0]))
-        server += [postmaster, *postmaster.children(recursive=True)]
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"], capture_output=True, cwd=root, **as_user)
-        _, left = psutil.wait_procs(server, timeout=30)
-        for proc in left:
-            proc.kill()
-        shutil.rmtree(root, ignore_errors=True)
-        assert not left, f"the test's PostgreSQL server outlived pg_ctl stop: {left}"
+    """A throwaway PostgreSQL server on a free loopback port (conftest.postgres_server), stopped when the test ends."""
+    with postgres_server() as url:
+        yield url
 
 
 @pytest.mark.slow
@@ -478,6 +430,7 @@ BOTH = ("CartPole-v1", "Acrobot-v1")
         (["--target-scores", "CartPole-v1=0,500", "Acrobot-v1=0,0"], BOTH, TINY, "two different finite numbers"),
         (["--target-scores", "CartPole-v0=0,500"], BOTH, TINY, "which is not one of --env-ids"),
         (["--parallel", "0"], ["CartPole-v1"], TINY, "--parallel must be at least 1 (training processes at once), got 0"),
+        (["--slurm", "--slurm-template"], ["CartPole-v1"], TINY, "Give --slurm (submit the array and follow it) or --slurm-template"),
     ],
 )
 def test_bad_tuner_flags_and_commands_are_one_clear_error(tmp_path, capsys, flags, env_ids, command, message):
@@ -513,6 +466,14 @@ def test_slurm_template_runs_tuner_workers_on_one_shared_study(tmp_path):
 
     sqlite = run_fleetrl(*tune_args(tmp_path, "--storage", f"sqlite:///{tmp_path}/t.db", "--out", str(out), "--slurm-template"), timeout=120)
     assert sqlite.returncode == 2 and "SQLite breaks on a network filesystem" in " ".join(sqlite.stderr.split())
+
+
+@pytest.mark.parametrize("storage", ["postgresql://postgres@127.0.0.1:5432/db", "postgresql://postgres@localhost/db", "postgresql://u@[::1]/db"])
+def test_a_slurm_array_on_a_loopback_database_is_refused_before_anything_is_submitted(tmp_path, capsys, storage):
+    for flag in ("--slurm", "--slurm-template"):  # on each node, loopback is the node itself
+        err = fails_clearly(capsys, tune_args(tmp_path, flag, "--storage", storage, "--out", str(tmp_path / "out")))
+        assert "is loopback, and on each node that is the node itself" in err and "listen_addresses" in err, err
+    assert not list((tmp_path / "out").glob("*.slurm"))
 
 
 def test_storage_forms():

@@ -1,10 +1,9 @@
-"""`fleetrl benchmark`: run one command over a grid of env ids x seeds on a pool of worker processes and
-summarise each env's final return; or write a Slurm array script that runs the same grid."""
+"""`fleetrl benchmark`: run one command over a grid of env ids x seeds, on a pool of worker processes here or as a Slurm
+job array (fleetrl/tools/benchmark_slurm.py), and summarise each env's final return."""
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shlex
 import signal
@@ -22,20 +21,21 @@ from fleetrl import config
 from fleetrl.cores import available_cores
 from fleetrl.errors import FleetError
 from fleetrl.tools import stats
-from fleetrl.tools.processes import (
-    child_env,
-    describe_exit,
-    has_flag,
-    log_tail,
-    resolve_command,
-    run_name,
-    signal_group,
-    start_run,
-    stop_runs,
-    train_args,
+from fleetrl.tools.benchmark_runs import (
+    Result,
+    Run,
+    failure_report,
+    finished_runs,
+    log_path,
+    progress_line,
+    run_command,
+    skipped_result,
+    status_path,
+    write_status,
 )
+from fleetrl.tools.benchmark_slurm import check_slurm, run_array, write_slurm_script
+from fleetrl.tools.processes import child_env, describe_exit, has_flag, signal_group, start_run, stop_runs
 from fleetrl.tools.returns import FINAL_POINTS, RETURN_TAG, final_return
-from fleetrl.tools.slurm import shell_words, write_array_script
 from fleetrl.tools.text import markdown_table, plural, print_table
 
 RUNNER_FLAGS = ("--env-id", "--seed", "--run-dir")  # the runner appends these to every run
@@ -50,14 +50,17 @@ class BenchmarkArgs:
     start_seed: int = 1
     """the first seed"""
     workers: int = 1
-    """runs at the same time; each gets cores / workers CPU threads"""
+    """runs at the same time here; each gets cores / workers CPU threads (with --slurm, Slurm decides)"""
     out: str | None = None
     """output folder: run folders, logs/, status/, summary.csv, summary.md [runs/benchmark_{timestamp}];
     give the same folder again to skip the runs that already finished"""
+    slurm: bool = False
+    """run the grid on Slurm: submit OUT/benchmark.slurm (a job array, one task per env x seed) and follow it until every
+    task has ended, then summarise as here. sbatch's own variables set the rest (SBATCH_PARTITION, SBATCH_TIMELIMIT, ...)"""
     slurm_template: bool = False
-    """write OUT/benchmark.slurm (a Slurm job array, one task per env x seed) instead of running here"""
+    """write OUT/benchmark.slurm (a Slurm job array, one task per env x seed) for sbatch, instead of running anything"""
     slurm_cpus_per_task: int = 1
-    """with --slurm-template: CPU cores each array task asks for (and uses as its thread count)"""
+    """with --slurm or --slurm-template: CPU cores each array task asks for (and uses as its thread count)"""
     stats: tyro.conf.OmitArgPrefixes[stats.StatsArgs] = field(default_factory=stats.StatsArgs)
     """the summary's confidence intervals: how returns become scores, and the bootstrap"""
 
@@ -67,69 +70,8 @@ DESCRIPTION = """Run a command for every env id x seed, several at a time, then 
     fleetrl benchmark --env-ids CartPole-v1 Acrobot-v1 --num-seeds 3 --workers 2 -- fleetrl train ppo --total-timesteps 100000
 
 Everything after `--` is the command; the runner appends `--env-id E --seed S --run-dir OUT/E__S` to it.
+With --slurm the grid runs as a Slurm job array instead, one task per run, followed until every task has ended.
 """
-
-
-@dataclass(frozen=True)
-class Run:
-    env_id: str
-    seed: int
-
-    @property
-    def name(self) -> str:
-        """The run's folder, log and status name."""
-        return run_name(self.env_id, self.seed)
-
-
-@dataclass
-class Result:
-    run: Run
-    returncode: int
-    wall_s: float
-    skipped: bool = False  # finished in an earlier call with the same --out
-    final_return: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-
-# ---- the command each run executes ------------------------------------------------------------
-
-
-def train_extras(base: list[str], threads: str) -> list[str]:
-    """Flags added to a `fleetrl train` command: a thread count that fits the pool, and `--resume auto`
-    so a run interrupted earlier continues from its newest checkpoint instead of mixing two curves."""
-    if train_args(base) is None:
-        return []
-    extras = [] if has_flag(base, "--torch-threads") else ["--torch-threads", threads]
-    return extras + ([] if has_flag(base, "--resume") else ["--resume", "auto"])
-
-
-def run_command(base: list[str], run: Run, out: Path, threads: int) -> list[str]:
-    return [*resolve_command(base), *train_extras(base, str(threads)), "--env-id", run.env_id, "--seed", str(run.seed), "--run-dir", str(out / run.name)]
-
-
-# ---- per-run status, so a rerun skips what finished ---------------------------------------------
-
-
-def status_path(out: Path, run: Run) -> Path:
-    return out / "status" / f"{run.name}.json"
-
-
-def read_status(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # missing, or cut short by a crash: the run is simply run again
-
-
-def write_status(path: Path, status: dict) -> None:
-    """Write then rename: a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(json.dumps(status) + "\n")
-    os.replace(tmp, path)
 
 
 # ---- running the grid ---------------------------------------------------------------------------
@@ -172,33 +114,16 @@ def check_command(base: list[str]) -> None:
         raise FleetError(f"Remove {', '.join(given)} from the command after `--`: the runner appends --env-id, --seed and --run-dir to each run itself.")
 
 
-def finished_runs(runs: list[Run], out: Path, base: list[str]) -> set[Run]:
-    """The runs an earlier call with this --out finished; refuses an --out that holds another command's runs."""
-    done = set()
-    for run in runs:
-        status = read_status(status_path(out, run))
-        if not status or not status.get("ok"):
-            continue
-        if status.get("command") != base:
-            raise FleetError(
-                f"{out} already holds a finished run ({run.name}) of another command: {shlex.join(status.get('command') or [])!r}, "
-                f"not {shlex.join(base)!r}. Use a new --out, or delete {status_path(out, run)} to run it again."
-            )
-        done.add(run)
-    return done
-
-
 def execute(run: Run, base: list[str], out: Path, threads: int, stop: threading.Event, running: dict[Run, subprocess.Popen], lock: threading.Lock) -> Result | None:
     """One run in a process group of its own, its stdout and stderr in OUT/logs/{name}.log; None if the benchmark was
     stopped first."""
     if stop.is_set():
         return None
-    log_path = out / "logs" / f"{run.name}.log"
     start = time.perf_counter()
     try:
-        proc = start_run(run_command(base, run, out, threads), log_path, child_env(threads))
+        proc = start_run(run_command(base, run, out, threads), log_path(out, run), child_env(threads))
     except OSError as exc:
-        with open(log_path, "a") as log:
+        with open(log_path(out, run), "a") as log:
             log.write(f"fleetrl benchmark: could not start the command: {exc}\n")
         returncode = 127  # the shell's code for a command that cannot run
     else:
@@ -245,19 +170,6 @@ def run_grid(runs: list[Run], base: list[str], out: Path, workers: int, threads:
 
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-def progress_line(result: Result, out: Path) -> str:
-    run = result.run
-    if result.ok:
-        shown = "no episodes logged" if result.final_return is None else f"final return {result.final_return:.2f}"
-        return f"ok      {run.env_id} seed {run.seed}: {shown} ({result.wall_s:.1f}s)"
-    return f"FAILED  {run.env_id} seed {run.seed}: {describe_exit(result.returncode)} after {result.wall_s:.1f}s; log: {out / 'logs' / f'{run.name}.log'}"
-
-
-def skipped_result(run: Run, out: Path) -> Result:
-    status = read_status(status_path(out, run)) or {}
-    return Result(run, 0, float(status.get("wall_s", float("nan"))), skipped=True, final_return=final_return(out / run.name))
 
 
 # ---- the summary --------------------------------------------------------------------------------
@@ -316,14 +228,6 @@ def interval_summary(env_ids: list[str], results: list[Result], scales: dict, ar
     return rows, [note for note in [stats.aggregate_note(scales)] if note]
 
 
-def failure_report(result: Result, out: Path) -> str:
-    run, log_path = result.run, out / "logs" / f"{result.run.name}.log"
-    tail = log_tail(log_path)
-    lines = [f"FAILED {run.env_id} seed {run.seed}: {describe_exit(result.returncode)} after {result.wall_s:.1f}s. Log: {log_path}"]
-    lines.append(f"  last {len(tail)} lines of the log:")
-    return "\n".join(lines + [f"  | {line}" for line in tail])
-
-
 def write_summaries(out: Path, base: list[str], rows: list[dict], results: list[Result], intervals: list[stats.IntervalRow], stats_args: stats.StatsArgs) -> None:
     with open(out / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -362,10 +266,15 @@ class BenchmarkFailed(FleetError):
 
 
 def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
-    """Run (or, with --slurm-template, script) every env x seed; returns the results of this call and earlier ones."""
+    """Run (here or, with --slurm, on Slurm; with --slurm-template only script) every env x seed; returns the results of this
+    call and earlier ones."""
     check_command(base)
+    if args.slurm and args.slurm_template:
+        raise FleetError("Give --slurm (submit the array and follow it) or --slurm-template (only write the script, to submit by hand), not both.")
     runs = plan(args)
     scales = stats.check_args(args.stats, list(dict.fromkeys(args.env_ids)), "--env-ids")
+    if args.slurm:
+        check_slurm()
     out = Path(args.out or os.path.join("runs", f"benchmark_{int(time.time())}"))
     try:
         (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -383,15 +292,20 @@ def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
     todo = [run for run in runs if run not in done]
     threads = max(1, available_cores() // args.workers)
     envs = len(set(r.env_id for r in runs))
-    print(
-        f"fleetrl benchmark: {plural(len(runs), 'run')} ({plural(envs, 'env')} x {plural(args.num_seeds, 'seed')}), {len(todo)} to run "
-        f"on {plural(args.workers, 'worker')} with {plural(threads, 'thread')} each; output in {out}",
-        flush=True,
-    )
+    where = (f"as a Slurm job array, {plural(args.slurm_cpus_per_task, 'CPU core')} a task" if args.slurm
+             else f"on {plural(args.workers, 'worker')} with {plural(threads, 'thread')} each")
+    print(f"fleetrl benchmark: {plural(len(runs), 'run')} ({plural(envs, 'env')} x {plural(args.num_seeds, 'seed')}), {len(todo)} to run "
+          f"{where}; output in {out}", flush=True)
     for run in runs:
         if run in done:
             print(f"skipped {run.env_id} seed {run.seed}: finished in an earlier call ({status_path(out, run)})", flush=True)
-    results = [skipped_result(run, out) for run in runs if run in done] + run_grid(todo, base, out, args.workers, threads)
+    if not todo:
+        ran = []
+    elif args.slurm:
+        ran = run_array(runs, todo, base, out, args.slurm_cpus_per_task)
+    else:
+        ran = run_grid(todo, base, out, args.workers, threads)
+    results = [skipped_result(run, out) for run in runs if run in done] + ran
 
     rows = summarise(args.env_ids, results)
     print()
@@ -415,77 +329,3 @@ def run_benchmark(args: BenchmarkArgs, base: list[str]) -> list[Result]:
             + f"Fix the cause and run the same command with --out {out}: finished runs are skipped."
         )
     return results
-
-
-# ---- Slurm --------------------------------------------------------------------------------------
-
-SLURM_GRACE_S = 120  # the warning before the time limit: one iteration and a checkpoint fit well within it
-
-SLURM_TASKS = """
-# task i runs ENV_IDS[i] with SEEDS[i] in the folder NAMES[i]
-ENV_IDS=({env_ids})
-SEEDS=({seeds})
-NAMES=({names})
-ENV_ID=${{ENV_IDS[$SLURM_ARRAY_TASK_ID]}}
-SEED=${{SEEDS[$SLURM_ARRAY_TASK_ID]}}
-NAME=${{NAMES[$SLURM_ARRAY_TASK_ID]}}
-
-OUT={out_q}
-LOG="$OUT/logs/$NAME.log"
-STATUS="$OUT/status/$NAME.json"
-THREADS=${{SLURM_CPUS_PER_TASK:-{cpus}}}
-export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
-mkdir -p "$OUT/logs" "$OUT/status"
-
-if grep -q '"ok": true' "$STATUS" 2>/dev/null; then
-    echo "skipped $ENV_ID seed $SEED: finished earlier ($STATUS)"
-    exit 0
-fi
-
-CMD=({command} --env-id "$ENV_ID" --seed "$SEED" --run-dir "$OUT/$NAME")
-START=$(date +%s.%N)
-echo "\\$ ${{CMD[*]}}" > "$LOG"
-# the run goes to the background, so that this shell can take Slurm's warning signal while it trains
-"${{CMD[@]}}" >> "$LOG" 2>&1 &
-RUN_PID=$!
-requeue() {{
-    echo "$(date -Is) $1: stopping the run with a checkpoint, then requeueing this task" >> "$LOG"
-    kill -TERM "$RUN_PID" 2>/dev/null
-    wait "$RUN_PID"
-    echo "$(date -Is) the run stopped (exit code $?); requeueing" >> "$LOG"
-    scontrol requeue "${{SLURM_ARRAY_JOB_ID:-${{SLURM_JOB_ID:-}}}}${{SLURM_ARRAY_JOB_ID:+_$SLURM_ARRAY_TASK_ID}}"
-    exit 0
-}}
-trap 'requeue "Slurm warned of the time limit or a preemption (USR1)"' USR1
-trap 'requeue "SIGTERM"' TERM
-wait "$RUN_PID"
-RC=$?
-WALL=$(awk -v s="$START" -v e="$(date +%s.%N)" 'BEGIN {{ printf "%.3f", e - s }}')
-OK=$([ "$RC" -eq 0 ] && echo true || echo false)
-# the same status file the local runner writes, written then renamed so it is never half there
-printf '{{"env_id": "%s", "seed": %s, "ok": %s, "returncode": %s, "wall_s": %s, "command": %s}}\\n' \\
-    "$ENV_ID" "$SEED" "$OK" "$RC" "$WALL" {command_json} > "$STATUS.tmp.$$" && mv -f "$STATUS.tmp.$$" "$STATUS"
-echo "$ENV_ID seed $SEED: exit code $RC after ${{WALL}}s; log: $LOG"
-exit $RC
-"""
-
-
-def write_slurm_script(out: Path, base: list[str], runs: list[Run], cpus: int) -> Path:
-    """OUT/benchmark.slurm: array task i runs the grid's run i, and requeues itself, checkpointed, when Slurm warns."""
-    out = out.resolve()
-    body = SLURM_TASKS.format(
-        env_ids=" ".join(shlex.quote(r.env_id) for r in runs),
-        seeds=" ".join(str(r.seed) for r in runs),
-        names=" ".join(shlex.quote(r.name) for r in runs),
-        out_q=shlex.quote(str(out)),
-        cpus=cpus,
-        command=" ".join([*shell_words(base), *train_extras(base, '"$THREADS"')]),
-        command_json=shlex.quote(json.dumps(base)),
-    )
-    about = ("A task skips a run that already finished. When the array is done, the same `fleetrl benchmark`",
-             f"command without --slurm-template and with --out {out} writes the summary.")
-    directives = (f"# Preemption and time limits: Slurm signals this script (B:) {SLURM_GRACE_S} s before the end; the run then writes a",
-                  "# checkpoint and stops, and the task is requeued; the requeued task resumes it (--resume auto).",
-                  "#SBATCH --requeue",
-                  f"#SBATCH --signal=B:USR1@{SLURM_GRACE_S}")
-    return write_array_script(out, "benchmark", len(runs), cpus, f"{len(runs)} tasks, one per env x seed.", body, about, directives)

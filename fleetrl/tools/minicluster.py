@@ -194,20 +194,8 @@ def split_cpus(hw: dict[str, int], nodes: int) -> list[tuple[str, str]]:
     for i in range(nodes):
         mine = set(range(i * per_node * threads, (i + 1) * per_node * threads))
         others = [c for c in range(hw["CPUs"]) if c not in mine]
-        shares.append((_ranges(sorted(mine)), _ranges(others)))
+        shares.append((slurm_jobs.index_list(sorted(mine)), slurm_jobs.index_list(others)))
     return shares
-
-
-def _ranges(ids: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5' (Slurm's list syntax)."""
-    parts, start = [], None
-    for i, cpu in enumerate(ids):
-        if start is None:
-            start = cpu
-        if i + 1 == len(ids) or ids[i + 1] != cpu + 1:
-            parts.append(str(start) if start == cpu else f"{start}-{cpu}")
-            start = None
-    return ",".join(parts)
 
 
 # ---- start --------------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ HEADER = """#!/bin/bash
 #SBATCH --array=0-{last}
 #SBATCH --cpus-per-task={cpus}
 #SBATCH --output={out}/logs/slurm_%A_%a.out
+#SBATCH --open-mode=append
 {directives}set -u
 : "${{SLURM_ARRAY_TASK_ID:?not set: submit with sbatch, or set SLURM_ARRAY_TASK_ID=0..{last} to run one array task by hand}}"
 """

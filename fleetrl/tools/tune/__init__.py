@@ -12,7 +12,7 @@ The modules, each depending only on those listed before it:
   trials         one trial's runs as process groups, and how a trial ended
   report         the live status line, and the final report, trials.csv and plots
   tuner          the worker threads that run trials until the study has --trials
-  slurm          --slurm-template: a job array of tuner workers
+  slurm          --slurm and --slurm-template: a job array of tuner workers, submitted and followed or only written
   cli            `fleetrl tune` from parsed flags to exit code
 """
 

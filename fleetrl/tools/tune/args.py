@@ -55,12 +55,16 @@ class TuneArgs:
     """seconds a trial may run before it is stopped and recorded as failed [no limit]"""
     stale_after: float = 600.0
     """seconds without a heartbeat after which another tuner's RUNNING trial counts as dead (its tuner was killed): it is failed and queued again"""
+    slurm: bool = False
+    """tune on Slurm: submit OUT/tune.slurm (a job array of --slurm-workers tuners on this study) and follow it until every
+    task has ended, then report as here. The storage must be reachable from the nodes: a journal file on a shared
+    filesystem, or PostgreSQL at an address they reach. sbatch's own variables set the rest (SBATCH_PARTITION, ...)"""
     slurm_template: bool = False
-    """write OUT/tune.slurm (a Slurm job array of tuner workers on this study) instead of tuning here"""
+    """write OUT/tune.slurm (a Slurm job array of tuner workers on this study) for sbatch, instead of tuning"""
     slurm_workers: int = 4
-    """with --slurm-template: array tasks, each a tuner with --parallel training processes"""
+    """with --slurm or --slurm-template: array tasks, each a tuner with --parallel training processes"""
     slurm_cpus_per_task: int = 4
-    """with --slurm-template: CPU cores each array task asks for"""
+    """with --slurm or --slurm-template: CPU cores each array task asks for"""
 
 
 DESCRIPTION = """Search hyperparameters with Optuna: many trials at once, weak ones stopped mid-run, studies shared across machines.
@@ -98,6 +102,8 @@ def check_args(args: TuneArgs) -> None:
         value = getattr(args, name)
         if value is not None and not value.strip():
             raise FleetError(f"--{name.replace('_', '-')} is empty: give a value, or leave it out for the default.")
+    if args.slurm and args.slurm_template:
+        raise FleetError("Give --slurm (submit the array and follow it) or --slurm-template (only write the script, to submit by hand), not both.")
     names = [run_name(e, 0) for e in dict.fromkeys(args.env_ids)]
     if len(set(names)) < len(names):
         raise FleetError("Two of --env-ids map to the same folder name ('/' and ':' become '-'); tune them in separate studies.")

@@ -1,5 +1,5 @@
-"""`fleetrl tune` from its parsed flags to its report: check the input, open the study, run the tuner (or write the Slurm
-array instead), report, and end with the right exit code."""
+"""`fleetrl tune` from its parsed flags to its report: check the input, open the study, run the tuner here or as a
+Slurm array (or only write the array's script), report, and end with the right exit code."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fleetrl.tools.text import plural
 from fleetrl.tools.tune.args import TuneArgs, check_args
 from fleetrl.tools.tune.report import Display, report
 from fleetrl.tools.tune.score import parse_targets
-from fleetrl.tools.tune.slurm import write_slurm_script
+from fleetrl.tools.tune.slurm import SlurmTasksFailed, check_slurm, run_array, write_template
 from fleetrl.tools.tune.space import load_search_space
 from fleetrl.tools.tune.storage import open_storage, parse_storage
 from fleetrl.tools.tune.study import counted, make_pruner, make_sampler, open_study, quiet_optuna, study_settings
@@ -33,7 +33,8 @@ class TuneStopped(FleetError):
 
 
 def run_tune(args: TuneArgs, base: list[str]) -> None:
-    """Run (or, with --slurm-template, script) the study; raises TuneFailed if no trial of it completed."""
+    """Run the study here or on Slurm (or, with --slurm-template, only script it); raises TuneFailed if no trial of it
+    completed."""
     check_args(args)
     algo = parse_command(base)
     require("optuna", "tune", "`fleetrl tune`")
@@ -51,8 +52,10 @@ def run_tune(args: TuneArgs, base: list[str]) -> None:
         raise FleetError(f"Cannot create the output folder {out} ({exc.strerror or exc}). Give another --out.") from None
     spec = parse_storage(args.storage or str(out / "study.log"))
     if args.slurm_template:
-        write_slurm_script(args, algo, spec, study_name, out)
+        write_template(args, algo, spec, study_name, out)
         return
+    if args.slurm:
+        check_slurm(spec, out)
 
     import optuna
 
@@ -62,18 +65,26 @@ def run_tune(args: TuneArgs, base: list[str]) -> None:
                        make_sampler(args), make_pruner(args, total, report_every))
 
     display = Display()
-    tuner = Tuner(args, algo, params, targets, study, storage, spec, out, report_every, display)
     before = counted(study.get_trials(deepcopy=False))
-    gpus = f", spread over {plural(len(tuner.gpus), 'GPU')}" if tuner.gpus else ""
-    display.event(f"fleetrl tune: study {study_name!r} in {spec.shown} has {before} of {args.trials} trials; "
-                  f"{plural(tuner.trials_at_once, 'trial')} at once here, each {plural(tuner.runs_per_trial, 'run')} "
-                  f"({plural(len(tuner.envs), 'env')} x {plural(len(tuner.seeds), 'seed')}) with {plural(tuner.threads, 'thread')}{gpus}; "
-                  f"reports every {report_every:,} steps to the {args.pruner} pruner; output in {out}")
+    job = None
     try:
-        tuner.run()
+        if args.slurm:
+            display.event(f"fleetrl tune: study {study_name!r} in {spec.shown} has {before} of {args.trials} trials; "
+                          f"{plural(args.slurm_workers, 'tuner worker')} on Slurm, each with --parallel {args.parallel}; "
+                          f"reports every {report_every:,} steps to the {args.pruner} pruner; output in {out}")
+            job = run_array(args, algo, spec, study, out, display)
+            stopped = job.stopped_by
+        else:
+            tuner = Tuner(args, algo, params, targets, study, storage, spec, out, report_every, display)
+            gpus = f", spread over {plural(len(tuner.gpus), 'GPU')}" if tuner.gpus else ""
+            display.event(f"fleetrl tune: study {study_name!r} in {spec.shown} has {before} of {args.trials} trials; "
+                          f"{plural(tuner.trials_at_once, 'trial')} at once here, each {plural(tuner.runs_per_trial, 'run')} "
+                          f"({plural(len(tuner.envs), 'env')} x {plural(len(tuner.seeds), 'seed')}) with {plural(tuner.threads, 'thread')}{gpus}; "
+                          f"reports every {report_every:,} steps to the {args.pruner} pruner; output in {out}")
+            tuner.run()
+            stopped = tuner.stopped_by
     finally:
         display.close()
-    stopped = tuner.stopped_by
     try:
         report(study, args, algo, params, out, spec, plots=stopped is None)
     except Exception as exc:  # noqa: BLE001 - e.g. the database went away: say so in one paragraph
@@ -81,10 +92,14 @@ def run_tune(args: TuneArgs, base: list[str]) -> None:
                          f"{(str(exc).strip().splitlines() or [''])[0]} The trials are in the storage; run the same command again "
                          f"(with the storage reachable) to write the report.") from None
     if stopped is not None:
-        error = TuneStopped(f"stopped by {'SIGTERM' if stopped == signal.SIGTERM else 'Ctrl-C'}: the running trials were stopped, recorded as "
-                            f"failed and queued to run again. The same command resumes the study {study_name!r}.")
+        what = (f"the Slurm array {job.job_id} was cancelled, and its tuners stopped their running trials, which are" if job is not None
+                else "the running trials were stopped,")
+        error = TuneStopped(f"stopped by {'SIGTERM' if stopped == signal.SIGTERM else 'Ctrl-C'}: {what} recorded as failed and queued to run "
+                            f"again. The same command resumes the study {study_name!r}.")
         error.exit_code = 128 + stopped
         raise error
+    if job is not None and not all(t.ok for t in job.tasks):
+        raise SlurmTasksFailed(job)
     if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         raise TuneFailed(f"No trial of the study {study_name!r} completed (reports above; trials in {out / 'trials.csv'}). "
                          f"Fix the cause and run the same command: failed trials are kept, and --trials counts them.")

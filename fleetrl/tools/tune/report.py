@@ -6,13 +6,10 @@ from __future__ import annotations
 import csv
 import os
 import shlex
-import sys
-import threading
-import time
 import warnings
-from datetime import datetime
 from pathlib import Path
 
+from fleetrl.tools import live
 from fleetrl.tools.processes import log_tail
 from fleetrl.tools.text import plural
 from fleetrl.tools.tune.args import TuneArgs
@@ -21,7 +18,6 @@ from fleetrl.tools.tune.storage import StorageSpec
 from fleetrl.tools.tune.study import study_counts
 from fleetrl.tools.tune.train_command import Algo
 
-PLAIN_STATUS_S = 30.0  # without a terminal, the status line is printed when it changes, and at least this often
 FAILURES_SHOWN = 5  # the failed trials whose log tails the final report shows
 
 
@@ -32,47 +28,11 @@ def status_text(counts: dict, total: int) -> str:
             f"{counts['running']} running; {shown}")
 
 
-class Display:
-    """A live status line under the trial events on a terminal (rich); plain lines otherwise."""
-
-    def __init__(self, enabled: bool = True):
-        self.interactive = enabled and sys.stdout.isatty()
-        self._lock = threading.Lock()
-        self._last_text, self._last_print = "", 0.0
-        self._live = None
-        if self.interactive:
-            from rich.console import Console
-            from rich.live import Live
-
-            self._live = Live("", console=Console(), refresh_per_second=4, transient=True)
-            self._live.start()
-
-    def event(self, message: str) -> None:
-        line = f"[{datetime.now():%H:%M:%S}] {message}"
-        with self._lock:
-            if self._live is not None:
-                self._live.console.print(line, highlight=False, markup=False)
-            else:
-                print(line, flush=True)
+class Display(live.Display):
+    """The live view (fleetrl/tools/live.py) with the study's counts as its status line."""
 
     def status(self, study, total: int, force: bool = False) -> None:
-        text = status_text(study_counts(study.get_trials(deepcopy=False)), total)
-        with self._lock:
-            if self._live is not None:
-                from rich.text import Text
-
-                self._live.update(Text(text, style="bold"))
-            elif force or text != self._last_text or time.monotonic() - self._last_print >= PLAIN_STATUS_S:
-                print(text, flush=True)
-                self._last_print = time.monotonic()
-            self._last_text = text
-
-    def close(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-            if self._last_text:
-                print(self._last_text, flush=True)
+        self.show(status_text(study_counts(study.get_trials(deepcopy=False)), total), force)
 
 
 # ---- results ----------------------------------------------------------------------------------
@@ -87,7 +47,7 @@ def write_atomically(path: Path, write) -> None:
 
 def write_trials_csv(trials: list, params: list[Param], path: Path) -> None:
     header = ["number", "state", "value", "duration_s", *[p.name for p in params], "pruned_at_step", "exit_code", "fail_reason",
-              "log", "run_dirs", "retry_of", "datetime_start"]
+              "log", "run_dirs", "retry_of", "host", "datetime_start"]
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="") as f:
@@ -100,7 +60,7 @@ def write_trials_csv(trials: list, params: list[Param], path: Path) -> None:
                                  *[format_value(t.params[p.name]) if p.name in t.params else "" for p in params],
                                  attrs.get("pruned_at_step", ""), "" if attrs.get("exit_code") is None else attrs["exit_code"],
                                  attrs.get("fail_reason", ""), attrs.get("log", ""), ";".join(attrs.get("run_dirs", [])),
-                                 "" if attrs.get("retry_of") is None else attrs["retry_of"],
+                                 "" if attrs.get("retry_of") is None else attrs["retry_of"], attrs.get("host", ""),
                                  t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else ""])
 
     write_atomically(path, write)

@@ -7,6 +7,7 @@ import math
 import os
 import shlex
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -170,6 +171,7 @@ class Tuner:
         trial.set_user_attr("run_dirs", [str(r.run_dir) for r in runs])
         trial.set_user_attr("logs", [str(r.log_path) for r in runs])
         trial.set_user_attr("command", shlex.join([*self.algo.base, *self.train_flags(values)]))
+        trial.set_user_attr("host", socket.gethostname())  # tuners on several machines (a Slurm array) share the study
         shown = " ".join(f"{k}={format_value(v) if not isinstance(v, float) else f'{v:.4g}'}" for k, v in values.items())
         self.display.event(f"trial {trial.number} started: {shown or '(no parameters)'}")
         with self._live_lock:
