@@ -51,6 +51,27 @@ def test_updates_per_env_step_are_cleanrls_whatever_the_number_of_envs(num_envs)
         assert [dqn.times_due(step, 1, 4) for step in range(1, 9)] == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
+def cleanrl_q_network(obs_shape: tuple[int, ...], num_actions: int) -> torch.nn.Sequential:
+    """The layers of CleanRL's dqn.py and dqn_atari.py QNetworks, as they write them (PyTorch's default init)."""
+    nn = torch.nn
+    if len(obs_shape) == 1:
+        return nn.Sequential(nn.Linear(obs_shape[0], 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, num_actions))
+    return nn.Sequential(nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                         nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
+                         nn.Linear(512, num_actions))
+
+
+@pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)], ids=["mlp", "atari"])
+def test_q_network_starts_from_cleanrls_initial_weights_for_the_same_seed(obs_shape):
+    # issue 22: fleetrl's DQN started from PPO's orthogonal init; CleanRL's dqn.py uses PyTorch's default
+    torch.manual_seed(3)
+    ours = [p.detach() for p in dqn.QNetwork(obs_shape, 6).parameters()]
+    torch.manual_seed(3)
+    theirs = [p.detach() for p in cleanrl_q_network(obs_shape, 6).parameters()]
+    assert [p.shape for p in ours] == [p.shape for p in theirs]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
 def test_greedy_evaluation_takes_the_best_action_and_epsilon_greedy_explores_at_the_final_epsilon():
     torch.manual_seed(0)
     q_network = dqn.QNetwork((4,), 3)

@@ -11,7 +11,6 @@ Differences from CleanRL, each on purpose:
   more envs keep CleanRL's updates per env step;
 * under torchrun each rank acts in its own envs, keeps its own replay shard and samples --batch-size / world size
   transitions from it; gradients are averaged, so every replica takes the same step;
-* the networks start from CleanRL's orthogonal initialisation (fleetrl.nets, as its PPO), not PyTorch's default;
 * Atari reports the unclipped full-game score (the env layer); checkpoints, resume and SIGTERM as for every algorithm;
 * the update is a function the loop calls through ``learner``: in place by default, or with ``--policy-lag 1`` in a
   learner process on another core while acting goes on one update behind (fleetrl/learner.py; 2.3x on CartPole).
@@ -30,7 +29,7 @@ from fleetrl import config, offpolicy
 from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.learner import check_policy_lag
 from fleetrl.monitor import TrainResult
-from fleetrl.nets import NatureCNN, layer_init, mlp
+from fleetrl.nets import NatureCNN, mlp
 from fleetrl.offpolicy import STEPS_PER_ITERATION, optimizer_step, soft_update, step_envs
 from fleetrl.policy import policy_fn
 from fleetrl.run import Run
@@ -103,14 +102,16 @@ def validate(args: Args, world_size: int = 1) -> None:
 # ============================================================================ network
 class QNetwork(nn.Module):
     """CleanRL's Q-network: one value per action. Vector observations: an MLP 120-84 ReLU; stacked Atari frames: the
-    Nature CNN (uint8 frames in, scaled inside)."""
+    Nature CNN (uint8 frames in, scaled inside). PyTorch's default initialisation, as CleanRL's dqn.py and
+    dqn_atari.py: a seed gives CleanRL's initial weights (issue 22 measured PPO's orthogonal init here, benchmarks/
+    dqn_vs_cleanrl.py)."""
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int):
         super().__init__()
         if len(obs_shape) == 3:
-            self.network = nn.Sequential(NatureCNN(obs_shape[0]), layer_init(nn.Linear(NatureCNN.out_dim, num_actions), std=1.0))
+            self.network = nn.Sequential(NatureCNN(obs_shape[0], orthogonal=False), nn.Linear(NatureCNN.out_dim, num_actions))
         else:
-            self.network = mlp(int(np.prod(obs_shape)), num_actions, out_std=1.0, hidden=(120, 84), activation=nn.ReLU)
+            self.network = mlp(int(np.prod(obs_shape)), num_actions, hidden=(120, 84), activation=nn.ReLU, orthogonal=False)
         self.num_actions = num_actions
         self.epsilon = 0.0  # the exploration of stochastic evaluation (policy_from_checkpoint sets it)
 
