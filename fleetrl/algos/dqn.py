@@ -8,7 +8,9 @@ Differences from CleanRL, each on purpose:
 * the replay buffer stores the true next observation at a time limit and bootstraps through it (dqn_atari.py's
   loses it), and keeps each Atari frame once (fleetrl/sampling/replay.py: a 1M buffer in under 8 GB, not 26);
 * epsilon is drawn per env, and the update and target cadences count global steps (all envs of all ranks), so
-  more envs keep CleanRL's updates per env step;
+  more envs keep CleanRL's updates per env step; with one env, epsilon and both cadences fall on CleanRL's steps;
+* exploration draws from numpy's global RNG (seeded and checkpointed with the run), not Python's ``random`` and the
+  action space's own RNG; Adam is fused (one kernel: the same update, rounded differently);
 * under torchrun each rank acts in its own envs, keeps its own replay shard and samples --batch-size / world size
   transitions from it; gradients are averaged, so every replica takes the same step;
 * Atari reports the unclipped full-game score (the env layer); checkpoints, resume and SIGTERM as for every algorithm;
@@ -133,9 +135,9 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
 
 
 def times_due(global_step: int, steps: int, every: int) -> int:
-    """How many multiples of ``every`` the last ``steps`` timesteps passed: CleanRL's ``global_step % every == 0``
-    when one env steps at a time, and the same number of updates per env step with more."""
-    return global_step // every - (global_step - steps) // every
+    """How many of the ``steps`` timesteps numbered from ``global_step`` on are multiples of ``every``: CleanRL's
+    ``global_step % every == 0`` when one env steps at a time, and the same number of updates per env step with more."""
+    return (global_step + steps - 1) // every - (global_step - 1) // every
 
 
 # ============================================================================ training
@@ -185,9 +187,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         for iteration in log.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) of the episodes this rank finished
             for _ in range(STEPS_PER_ITERATION):
-                global_step += args.num_envs  # every env of every rank
-
-                # ALGO LOGIC: epsilon-greedy; each env explores with probability epsilon (the network runs only if one does not)
+                # ALGO LOGIC: epsilon-greedy; each env explores with probability epsilon (the network runs only if one does not).
+                # global_step counts the env steps taken before this one (all envs of all ranks), as CleanRL's loop variable
                 epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
                 with log.timer.inference:
                     draws = np.random.random((2, num_envs))  # one call: np.random.randint alone costs ~7 us a step
@@ -196,7 +197,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                         actions = np.where(explore, actions, q_values_of(obs).argmax(axis=1))
 
                 # TRY NOT TO MODIFY: execute the game, save the data to the replay buffer (the true next obs at a time limit)
-                obs = step_envs(envs, rb, obs, actions, global_step, episodes, log.timer)
+                obs = step_envs(envs, rb, obs, actions, global_step + args.num_envs, episodes, log.timer)  # logged at the steps done
 
                 # ALGO LOGIC: training
                 if global_step > learning_starts:
@@ -207,6 +208,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                     # update target network
                     if times_due(global_step, args.num_envs, args.target_network_frequency):
                         learner(update_target)
+                global_step += args.num_envs
 
             log.iteration(iteration, global_step, episodes, losses=losses, charts={"epsilon": epsilon})
         return log.finish(q_network)
