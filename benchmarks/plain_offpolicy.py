@@ -207,9 +207,29 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
     return max(slope * t + start_e, end_e)
 
 
+@dataclass
+class Trace:
+    """What a DQN loop did, for a step-by-step comparison (benchmarks/dqn_vs_cleanrl.py --lockstep): the action of
+    every step, the Q-values it acted on (by step), the ``global_step`` of every update and target update, and every
+    update's loss."""
+
+    actions: list[int] = field(default_factory=list)
+    q_values: dict[int, list[float]] = field(default_factory=dict)
+    update_steps: list[int] = field(default_factory=list)
+    target_steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
 def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, device: str = "cpu",
-              args: DQNArgs = DQNArgs(), on_mark: Callable[[int], None] | None = None) -> Timing:
-    """CleanRL's dqn.py loop for ``steps`` env steps (``--total-timesteps``)."""
+              args: DQNArgs = DQNArgs(), on_mark: Callable[[int], None] | None = None, numpy_draws: bool = False,
+              fused_adam: bool = False, trace: Trace | None = None) -> Timing:
+    """CleanRL's dqn.py loop for ``steps`` env steps (``--total-timesteps``).
+
+    fleetrl's DQN differs from it in two things only (benchmarks/dqn_vs_cleanrl.py), each a switch here:
+    ``numpy_draws`` explores with fleetrl's draws (one uniform pair per step from numpy's global RNG, not
+    ``random.random()`` and the action space's own RNG); ``fused_adam`` takes its fused Adam. With both, the loop takes
+    fleetrl's actions and updates; ``trace`` records them. (With one env, SB3's buffer draws the replay indices from
+    numpy's global RNG as fleetrl's does: its env index draws nothing.)"""
     _seed(seed)
     device = torch.device(device)
     envs = make_envs(env_id, seed)
@@ -218,7 +238,7 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
     clock, logged = _Clock(timing, on_mark), []
 
     q_network = QNetwork(envs).to(device)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, **({"fused": True} if fused_adam else {}))
     target_network = QNetwork(envs).to(device)
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(args.buffer_size, envs.single_observation_space, envs.single_action_space, device)
@@ -228,11 +248,17 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
     for global_step in range(steps):
         # ALGO LOGIC: put action logic here
         epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * steps, global_step)
-        if random.random() < epsilon:
-            actions = np.array([envs.single_action_space.sample() for _ in range(envs.num_envs)])
+        draws = np.random.random((2, envs.num_envs)) if numpy_draws else None  # fleetrl's: explore, then which action
+        if (draws[0, 0] if numpy_draws else random.random()) < epsilon:
+            actions = ((draws[1] * envs.single_action_space.n).astype(np.int64) if numpy_draws else
+                       np.array([envs.single_action_space.sample() for _ in range(envs.num_envs)]))
         else:
             q_values = q_network(torch.Tensor(obs).to(device))
             actions = torch.argmax(q_values, dim=1).cpu().numpy()
+            if trace is not None:
+                trace.q_values[global_step] = q_values[0].tolist()
+        if trace is not None:
+            trace.actions.append(int(actions[0]))
 
         # TRY NOT TO MODIFY: execute the game, log data, save data to the replay buffer
         next_obs = _step_and_store(envs, obs, actions, rb, timing)
@@ -252,6 +278,9 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
 
                 if global_step % LOG_EVERY == 0:  # writer.add_scalar("losses/td_loss", loss) reads it too
                     logged.append((loss.item(), old_val.mean().item()))
+                if trace is not None:
+                    trace.update_steps.append(global_step)
+                    trace.losses.append(loss.item())
 
                 # optimize the model
                 optimizer.zero_grad()
@@ -262,6 +291,8 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
             if global_step % args.target_network_frequency == 0:
                 for target_network_param, q_network_param in zip(target_network.parameters(), q_network.parameters()):
                     target_network_param.data.copy_(args.tau * q_network_param.data + (1.0 - args.tau) * target_network_param.data)
+                if trace is not None:
+                    trace.target_steps.append(global_step)
         clock.step_done(global_step + 1)
 
     envs.close()

@@ -23,16 +23,21 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 
     return layer
 
 
-def mlp(in_dim: int, out_dim: int, out_std: float, hidden: tuple[int, ...] = (64, 64),
-        activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
-    """An MLP with CleanRL's initialisation: √2 gain inside, ``out_std`` on the last layer. PPO's is Tanh;
-    DQN, SAC and TD3 pass ``nn.ReLU``."""
+def mlp(in_dim: int, out_dim: int, out_std: float = 1.0, hidden: tuple[int, ...] = (64, 64),
+        activation: type[nn.Module] = nn.Tanh, orthogonal: bool = True) -> nn.Sequential:
+    """An MLP. ``orthogonal``: CleanRL's PPO initialisation, √2 gain inside and ``out_std`` on the last layer; else
+    PyTorch's default, as CleanRL's dqn.py (the layers are made in order, so a seed gives CleanRL's weights). PPO's
+    activation is Tanh; DQN passes ``nn.ReLU``."""
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [layer_init(nn.Linear(in_dim, width)), activation()]
+        layers += [_initialised(nn.Linear(in_dim, width), math.sqrt(2), orthogonal), activation()]
         in_dim = width
-    layers.append(layer_init(nn.Linear(in_dim, out_dim), std=out_std))
+    layers.append(_initialised(nn.Linear(in_dim, out_dim), out_std, orthogonal))
     return nn.Sequential(*layers)
+
+
+def _initialised(layer: nn.Module, std: float, orthogonal: bool) -> nn.Module:
+    return layer_init(layer, std) if orthogonal else layer
 
 
 def network_obs_dtype(obs_shape: tuple[int, ...], dtype) -> np.dtype:
@@ -48,24 +53,26 @@ def network_input(obs: np.ndarray) -> np.ndarray:
 
 
 class NatureCNN(nn.Module):
-    """The DQN Nature CNN over stacked uint8 frames, ending in 512 ReLU features."""
+    """The DQN Nature CNN over stacked uint8 frames, ending in 512 ReLU features. ``orthogonal``: CleanRL's PPO
+    initialisation (√2 gain); else PyTorch's default, as CleanRL's dqn_atari.py."""
 
     out_dim = 512
 
-    def __init__(self, in_channels: int, size: int = 84):
+    def __init__(self, in_channels: int, size: int = 84, orthogonal: bool = True):
         super().__init__()
+        gain = math.sqrt(2)
         convs = nn.Sequential(
-            layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)),
+            _initialised(nn.Conv2d(in_channels, 32, 8, stride=4), gain, orthogonal),
             nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            _initialised(nn.Conv2d(32, 64, 4, stride=2), gain, orthogonal),
             nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            _initialised(nn.Conv2d(64, 64, 3, stride=1), gain, orthogonal),
             nn.ReLU(),
             nn.Flatten(),
         )
         with torch.no_grad():
             flat = convs(torch.zeros(1, in_channels, size, size)).shape[1]
-        self.net = nn.Sequential(convs, layer_init(nn.Linear(flat, self.out_dim)), nn.ReLU())
+        self.net = nn.Sequential(convs, _initialised(nn.Linear(flat, self.out_dim), gain, orthogonal), nn.ReLU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.float() / 255.0)

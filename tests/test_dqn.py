@@ -44,12 +44,67 @@ def test_epsilon_falls_linearly_from_start_e_to_end_e_over_the_exploration_fract
 
 @pytest.mark.parametrize("num_envs", [1, 3, 8])
 def test_updates_per_env_step_are_cleanrls_whatever_the_number_of_envs(num_envs):
-    # CleanRL (one env) trains when global_step % train_frequency == 0: 1 update per train_frequency env steps
-    steps = range(num_envs, 10_000 + 1, num_envs)
-    updates = sum(dqn.times_due(step, num_envs, 4) for step in steps)
-    assert updates == steps[-1] // 4
+    # CleanRL (one env) trains when global_step % train_frequency == 0, global_step counting the steps before this one
+    vector_steps = range(0, 10_000, num_envs)  # the global step before each vector step
+    updates = sum(dqn.times_due(step, num_envs, 4) for step in vector_steps)
+    assert updates == sum(1 for step in range(len(vector_steps) * num_envs) if step % 4 == 0)
     if num_envs == 1:
         assert [dqn.times_due(step, 1, 4) for step in range(1, 9)] == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def cleanrl_q_network(obs_shape: tuple[int, ...], num_actions: int) -> torch.nn.Sequential:
+    """The layers of CleanRL's dqn.py and dqn_atari.py QNetworks, as they write them (PyTorch's default init)."""
+    nn = torch.nn
+    if len(obs_shape) == 1:
+        return nn.Sequential(nn.Linear(obs_shape[0], 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, num_actions))
+    return nn.Sequential(nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                         nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
+                         nn.Linear(512, num_actions))
+
+
+@pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)], ids=["mlp", "atari"])
+def test_q_network_starts_from_cleanrls_initial_weights_for_the_same_seed(obs_shape):
+    # issue 22: fleetrl's DQN started from PPO's orthogonal init; CleanRL's dqn.py uses PyTorch's default
+    torch.manual_seed(3)
+    ours = [p.detach() for p in dqn.QNetwork(obs_shape, 6).parameters()]
+    torch.manual_seed(3)
+    theirs = [p.detach() for p in cleanrl_q_network(obs_shape, 6).parameters()]
+    assert [p.shape for p in ours] == [p.shape for p in theirs]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_epsilon_updates_and_target_updates_fall_on_cleanrls_steps(tmp_path, monkeypatch):
+    # CleanRL's loop: for global_step in range(total): epsilon = linear_schedule(..., global_step); step; then, if
+    # global_step > learning_starts, train when global_step % train_frequency == 0 and copy the target when
+    # global_step % target_network_frequency == 0
+    total, starts, train_every, target_every = 3_000, 1_000, 10, 500
+    seen = {"steps": 0, "epsilon_at": [], "updates": [], "targets": []}
+    schedule, step_envs, optimizer_step, soft_update = dqn.linear_schedule, dqn.step_envs, dqn.optimizer_step, dqn.soft_update
+
+    def record(key, fn):
+        def recorded(*args):
+            seen[key].append(seen["steps"] - 1)  # after the step: CleanRL's global_step is the steps before it
+            return fn(*args)
+        return recorded
+
+    def count_step(*args):
+        seen["steps"] += 1
+        return step_envs(*args)
+
+    def epsilon(start_e, end_e, duration, t):
+        seen["epsilon_at"].append(t)
+        return schedule(start_e, end_e, duration, t)
+
+    monkeypatch.setattr(dqn, "linear_schedule", epsilon)
+    monkeypatch.setattr(dqn, "step_envs", count_step)
+    monkeypatch.setattr(dqn, "optimizer_step", record("updates", optimizer_step))
+    monkeypatch.setattr(dqn, "soft_update", record("targets", soft_update))
+    dqn.train(dqn.Args(env_id="CartPole-v1", total_timesteps=total, learning_starts=starts, train_frequency=train_every,
+                       target_network_frequency=target_every, cuda=False, torch_threads=1, env_backend="sync", progress=False,
+                       run_dir=str(tmp_path / "run")))
+    assert seen["steps"] == total and seen["epsilon_at"] == list(range(total))
+    assert seen["updates"] == [g for g in range(total) if g > starts and g % train_every == 0]
+    assert seen["targets"] == [g for g in range(total) if g > starts and g % target_every == 0]
 
 
 def test_greedy_evaluation_takes_the_best_action_and_epsilon_greedy_explores_at_the_final_epsilon():

@@ -8,10 +8,11 @@ Differences from CleanRL, each on purpose:
 * the replay buffer stores the true next observation at a time limit and bootstraps through it (dqn_atari.py's
   loses it), and keeps each Atari frame once (fleetrl/sampling/replay.py: a 1M buffer in under 8 GB, not 26);
 * epsilon is drawn per env, and the update and target cadences count global steps (all envs of all ranks), so
-  more envs keep CleanRL's updates per env step;
+  more envs keep CleanRL's updates per env step; with one env, epsilon and both cadences fall on CleanRL's steps;
+* exploration draws from numpy's global RNG (seeded and checkpointed with the run), not Python's ``random`` and the
+  action space's own RNG; Adam is fused (one kernel: the same update, rounded differently);
 * under torchrun each rank acts in its own envs, keeps its own replay shard and samples --batch-size / world size
   transitions from it; gradients are averaged, so every replica takes the same step;
-* the networks start from CleanRL's orthogonal initialisation (fleetrl.nets, as its PPO), not PyTorch's default;
 * Atari reports the unclipped full-game score (the env layer); checkpoints, resume and SIGTERM as for every algorithm;
 * the update is a function the loop calls through ``learner``: in place by default, or with ``--policy-lag 1`` in a
   learner process on another core while acting goes on one update behind (fleetrl/learner.py; 2.3x on CartPole).
@@ -30,7 +31,7 @@ from fleetrl import config, offpolicy
 from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.learner import check_policy_lag
 from fleetrl.monitor import TrainResult
-from fleetrl.nets import NatureCNN, layer_init, mlp
+from fleetrl.nets import NatureCNN, mlp
 from fleetrl.offpolicy import STEPS_PER_ITERATION, optimizer_step, soft_update, step_envs
 from fleetrl.policy import policy_fn
 from fleetrl.run import Run
@@ -103,14 +104,16 @@ def validate(args: Args, world_size: int = 1) -> None:
 # ============================================================================ network
 class QNetwork(nn.Module):
     """CleanRL's Q-network: one value per action. Vector observations: an MLP 120-84 ReLU; stacked Atari frames: the
-    Nature CNN (uint8 frames in, scaled inside)."""
+    Nature CNN (uint8 frames in, scaled inside). PyTorch's default initialisation, as CleanRL's dqn.py and
+    dqn_atari.py: a seed gives CleanRL's initial weights (issue 22 measured PPO's orthogonal init here, benchmarks/
+    dqn_vs_cleanrl.py)."""
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int):
         super().__init__()
         if len(obs_shape) == 3:
-            self.network = nn.Sequential(NatureCNN(obs_shape[0]), layer_init(nn.Linear(NatureCNN.out_dim, num_actions), std=1.0))
+            self.network = nn.Sequential(NatureCNN(obs_shape[0], orthogonal=False), nn.Linear(NatureCNN.out_dim, num_actions))
         else:
-            self.network = mlp(int(np.prod(obs_shape)), num_actions, out_std=1.0, hidden=(120, 84), activation=nn.ReLU)
+            self.network = mlp(int(np.prod(obs_shape)), num_actions, hidden=(120, 84), activation=nn.ReLU, orthogonal=False)
         self.num_actions = num_actions
         self.epsilon = 0.0  # the exploration of stochastic evaluation (policy_from_checkpoint sets it)
 
@@ -132,9 +135,9 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
 
 
 def times_due(global_step: int, steps: int, every: int) -> int:
-    """How many multiples of ``every`` the last ``steps`` timesteps passed: CleanRL's ``global_step % every == 0``
-    when one env steps at a time, and the same number of updates per env step with more."""
-    return global_step // every - (global_step - steps) // every
+    """How many of the ``steps`` timesteps numbered from ``global_step`` on are multiples of ``every``: CleanRL's
+    ``global_step % every == 0`` when one env steps at a time, and the same number of updates per env step with more."""
+    return (global_step + steps - 1) // every - (global_step - 1) // every
 
 
 # ============================================================================ training
@@ -184,9 +187,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) of the episodes this rank finished
             for _ in range(STEPS_PER_ITERATION):
-                global_step += args.num_envs  # every env of every rank
-
-                # ALGO LOGIC: epsilon-greedy; each env explores with probability epsilon (the network runs only if one does not)
+                # ALGO LOGIC: epsilon-greedy; each env explores with probability epsilon (the network runs only if one does not).
+                # global_step counts the env steps taken before this one (all envs of all ranks), as CleanRL's loop variable
                 epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
                 with log.timer.inference:
                     draws = np.random.random((2, num_envs))  # one call: np.random.randint alone costs ~7 us a step
@@ -195,7 +197,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                         actions = np.where(explore, actions, q_values_of(obs).argmax(axis=1))
 
                 # TRY NOT TO MODIFY: execute the game, save the data to the replay buffer (the true next obs at a time limit)
-                obs = step_envs(envs, rb, obs, actions, global_step, episodes, log.timer)
+                obs = step_envs(envs, rb, obs, actions, global_step + args.num_envs, episodes, log.timer)  # logged at the steps done
 
                 # ALGO LOGIC: training
                 if global_step > learning_starts:
@@ -206,6 +208,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                     # update target network
                     if times_due(global_step, args.num_envs, args.target_network_frequency):
                         learner(update_target)
+                global_step += args.num_envs
 
             run.end_iteration(iteration, global_step, episodes, losses=losses, charts={"epsilon": epsilon})
         return run.finish(q_network)
