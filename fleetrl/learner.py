@@ -53,10 +53,8 @@ SPIN_SECONDS = 0.002  # a wait spins this long before it sleeps (see _ready)
 
 
 def check_policy_lag(policy_lag: int, world_size: int, algo: str) -> None:
-    """Refuse a policy lag the learner cannot run, before anything starts."""
-    if policy_lag not in (0, 1):
-        raise FleetError(f"--policy-lag must be 0 (every step acts with the newest weights) or 1 (the updates run in a learner "
-                         f"process, acting one update behind), got {policy_lag}.")
+    """Refuse a policy lag the learner cannot run on this job, before anything starts (its range, 0 or 1, is in the
+    algorithm's range table)."""
     if policy_lag and world_size > 1:
         raise FleetError(f"fleetrl {algo} --policy-lag 1 runs the updates in a second process on this machine, but under torchrun "
                          f"each of the {world_size} ranks already keeps a core busy and their gradients are averaged in step. "

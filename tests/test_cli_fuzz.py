@@ -248,8 +248,7 @@ DQN_RANGES = {
     "--end-e": (floats, FRACTION),
     "--exploration-fraction": (floats, real(0, 1, open_low=True)),
     "--train-frequency": (ints, whole(1)),
-    # not "--policy-lag": dqn checks it apart from its range table (check_policy_lag), so with another flag out of range
-    # only that one is named (found by the full profile); tests/test_learner.py pins that message for now
+    "--policy-lag": (ints, whole(0, 1)),
 }
 SAC_RANGES = {
     **OFFPOLICY_RANGES,

@@ -91,6 +91,8 @@ RANGES = {  # what each flag accepts (after the family defaults are filled), che
     "end_e": config.fraction("the exploration probability once the schedule ends"),
     "exploration_fraction": config.Range("the share of --total-timesteps over which epsilon falls", low=0, low_open=True, high=1),
     "train_frequency": config.count("timesteps between updates"),
+    "policy_lag": config.count("0: every step acts with the newest weights; 1: the updates run in a learner process, acting one "
+                               "update behind", low=0, high=1),
 }
 
 
