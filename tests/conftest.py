@@ -338,3 +338,9 @@ def postgres_server(address: str = "127.0.0.1", clients: str | None = None):
             proc.kill()
         shutil.rmtree(root, ignore_errors=True)
         assert not left, f"the test's PostgreSQL server outlived pg_ctl stop: {left}"
+
+
+def dqn_updates_made(total_timesteps: int, learning_starts: int = 1000, train_frequency: int = 10) -> int:
+    """CleanRL's dqn.py count, for one env: an update at every ``global_step`` in ``range(total_timesteps)`` that is past
+    ``learning_starts`` and a multiple of ``train_frequency``."""
+    return sum(1 for step in range(total_timesteps) if step > learning_starts and step % train_frequency == 0)

@@ -21,7 +21,7 @@ from fleetrl.errors import FleetError
 from fleetrl.learner import PROCESS_NAME, Learner
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint, run_fleetrl_in_process
+from conftest import dqn_updates_made, killed_on_exit, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 LAGGED = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000", "--policy-lag", "1", "--no-progress"]
@@ -185,7 +185,7 @@ def test_a_lagged_run_is_deterministic_for_a_seed_and_its_checkpoint_holds_every
     assert returns[0] == returns[1]
     state = checkpoint.load_checkpoint(runs[0])
     steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
-    assert steps == {(total - 1000) // 10}, f"the checkpoint's optimiser took every update the learner did: {steps}"
+    assert steps == {dqn_updates_made(total)}, f"the checkpoint's optimiser took every update the learner did: {steps}"
     evaluated = run_fleetrl("eval", str(runs[0]), "--episodes", "2", "--json", timeout=240)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
@@ -205,7 +205,7 @@ def test_sigterm_to_the_whole_group_checkpoints_the_learners_state_then_resume_f
     stopped_at = int(state["global_step"])
     assert stopped_at < total
     steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
-    assert steps == {(stopped_at - 1000) // 10}, f"the learner's every update is in the checkpoint: {steps} at {stopped_at}"
+    assert steps == {dqn_updates_made(stopped_at)}, f"the learner's every update is in the checkpoint: {steps} at {stopped_at}"
     resumed = run_fleetrl(*train, "--total-timesteps", str(stopped_at + 3000), "--resume", "auto", timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == stopped_at + 3000
