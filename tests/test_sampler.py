@@ -18,7 +18,6 @@ from fleetrl.envs import make_vector_env
 from fleetrl.envs.shm import SharedMemoryVectorEnv
 from fleetrl.envs.vector import SyncVectorEnv
 from fleetrl.errors import FleetError
-from fleetrl.monitor.tbread import read_scalars
 from fleetrl.monitor.timing import PhaseTimer
 from fleetrl.sampling.normalize import ObsNormalizer
 from fleetrl.sampling.sampler import Sampler
@@ -330,19 +329,6 @@ def test_an_env_error_in_the_sampler_thread_reaches_the_learner_and_close_return
             sampler.weights_updated()
     sampler.close()
     assert not sampler._thread.is_alive()
-
-
-@pytest.mark.slow
-def test_policy_lag_one_trains_cartpole(tmp_path):
-    run_dir = tmp_path / "lag"
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--policy-lag", "1", "--seed", "1", "--run-dir", str(run_dir),
-                       "--no-cuda", "--checkpoint-every", "1000", "--stop-at-return", "475", "--stop-window", "20", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "one update behind the learner" in proc.stdout
-    returns = np.array([p.value for p in read_scalars(run_dir, "charts/episodic_return")])
-    best = max(np.convolve(returns, np.ones(20) / 20, mode="valid"))
-    assert best >= 475, f"best rolling mean of 20 episodes: {best}"
-    assert [p.value for p in read_scalars(run_dir, "charts/policy_lag")][1:5] == [1, 1, 1, 1]
 
 
 # ------------------------------------------------------------------------------------------ phase timing

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import fleetrl_env, run_fleetrl, run_fleetrl_in_process
+from conftest import fleetrl_env, run_fleetrl_in_process
 from fleetrl.envs import env_family, make_vector_env
 from fleetrl.envs.probe import StepCost
 from fleetrl.envs.stepping import MAX_THREADS_PER_WORKER, plan_stepping

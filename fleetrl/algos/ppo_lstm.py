@@ -44,6 +44,8 @@ class Args(ppo.Args):
     """the name of this experiment"""
     gae_lambda: float | None = None
     """the lambda for the general advantage estimation [0.95; classic control 0.8]"""
+    normalize: bool | None = None
+    """normalise observations and rewards with running statistics [on for MuJoCo and classic control, off otherwise]"""
 
 
 FAMILY_DEFAULTS = {
