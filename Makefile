@@ -22,12 +22,23 @@ setup: $(STAMP)
 train: setup
 	$(VENV)/bin/fleetrl train ppo --env-id CartPole-v1
 
-# pytest exits 5 when it collected no tests: that is a failure here, never a silent pass.
+# The suite in two passes: the tests marked `serial` (timing- or load-sensitive) first, alone; then the rest in
+# $(TEST_WORKERS) pytest-xdist workers (most tests wait on the processes they start, so two share 2 cores well). Each
+# module's tests stay in one worker (--dist loadscope), so a module-scoped fixture (test_learning's runs) is made once
+# and the Slurm tests share one cluster. pytest exits 5 when it collected no tests: that is a failure, never a pass.
+TEST_WORKERS ?= 2
+define run_suite
+	@$(PY) -m pytest -q -ra -m "serial$(1)"; first=$$?; \
+	$(PY) -m pytest -q -ra --durations=20 -n $(TEST_WORKERS) --dist loadscope -m "not serial$(1)"; rest=$$?; \
+	if [ $$first -eq 5 ] || [ $$rest -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
+	if [ $$first -ne 0 ]; then exit $$first; fi; exit $$rest
+endef
+
 test: setup
-	@$(PY) -m pytest -q -ra --durations=20; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	$(call run_suite,)
 
 test-fast: setup
-	@$(PY) -m pytest -q -ra -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	$(call run_suite, and not slow)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info .pytest_cache

@@ -90,14 +90,18 @@ def readline_within(proc: subprocess.Popen, timeout: float) -> str:
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, run_dir: str | Path, min_step: int, timeout: float = 180) -> None:
-    """Block until ``run_dir`` holds a checkpoint at global step ``min_step`` or later; fail with the run's output if
-    it exits first, or after ``timeout`` s."""
+    """Block until ``run_dir`` holds a checkpoint at global step ``min_step`` or later, committed (its manifest
+    written: a file without one ranks as older than every committed checkpoint); fail with the run's output if it
+    exits first, or after ``timeout`` s."""
     import time
 
     from fleetrl import checkpoint
 
+    def committed(path: Path) -> bool:
+        return int(path.stem.split("_")[1]) >= min_step and checkpoint.manifest_path(path).exists()
+
     deadline = time.time() + timeout
-    while not [c for c in checkpoint.list_checkpoints(run_dir) if int(c.stem.split("_")[1]) >= min_step]:
+    while not [c for c in checkpoint.list_checkpoints(run_dir) if committed(c)]:
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() is not None else "timed out"
         time.sleep(0.1)
 

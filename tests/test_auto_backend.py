@@ -84,6 +84,7 @@ def _hogs(count: int) -> list:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
+@pytest.mark.serial  # real time and real load: run alone (Makefile)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_one_command_and_seed_train_alike_on_a_quiet_and_on_a_loaded_machine(tmp_path):

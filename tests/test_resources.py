@@ -16,6 +16,7 @@ BURN = f"import time\nend = time.time() + {BURN_S}\nwhile time.time() < end: pas
 WAITER = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BURN!r}])"
 
 
+@pytest.mark.serial  # real time and real load: run alone (Makefile)
 def test_sampler_counts_the_cpu_and_memory_of_descendant_processes():
     child = subprocess.Popen([sys.executable, "-c", WAITER])
     try:

@@ -88,6 +88,7 @@ def _cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
+@pytest.mark.serial  # real time and real load: run alone (Makefile)
 def test_busy_cores_elsewhere_sees_a_real_busy_process_but_not_its_own_busy_child():
     """Real processes and psutil: an unrelated process burning a core is counted at the rate it ran; a child of this
     process burning a core beside it is not. Only these processes are listed, so other load on the machine is no noise."""

@@ -19,6 +19,7 @@ WAITS = StepCost(wall_us=5000.0, cpu_us=100.0, steps=100)  # 2% CPU: a simulator
 COMPUTES = StepCost(wall_us=300.0, cpu_us=290.0, steps=100)
 
 
+@pytest.mark.serial  # real time and real load: run alone (Makefile)
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_envs_that_only_finish_when_eight_step_at_once_train_on_two_cores(tmp_path):

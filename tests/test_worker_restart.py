@@ -150,6 +150,7 @@ def test_worker_crashing_in_native_code_is_restarted(threads):
         assert envs.worker_restarts == 1 and envs.worker_pids[0] != pid
 
 
+@pytest.mark.serial  # real time and real load: run alone (Makefile)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_hanging_env_is_killed_after_env_timeout_and_restarted(tmp_path, capsys, threads):
     fns = flaky(4, {1: {"fail_on_step": 3, "how": "hang", "once_file": str(tmp_path / "hung")}})
