@@ -47,10 +47,11 @@ import signal  # noqa: E402
 import threading  # noqa: E402
 
 
-def start_fleetrl_group(*args: str, cwd: str | Path | None = None, threads: int = 1) -> subprocess.Popen:
-    """``start_fleetrl`` in a process group of its own, so that :func:`killed_on_exit` ends it with all its workers."""
+def start_fleetrl_group(*args: str, cwd: str | Path | None = None, threads: int = 1, stdout=subprocess.PIPE) -> subprocess.Popen:
+    """``start_fleetrl`` in a process group of its own, so that :func:`killed_on_exit` ends it with all its workers.
+    ``stdout``: where its output (stderr merged) goes, a pipe unless given a file."""
     return subprocess.Popen(
-        [sys.executable, "-m", "fleetrl", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        [sys.executable, "-m", "fleetrl", *args], stdout=stdout, stderr=subprocess.STDOUT, text=True, cwd=cwd,
         env=fleetrl_env(threads), start_new_session=True,
     )
 

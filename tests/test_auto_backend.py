@@ -77,6 +77,32 @@ def test_bench_env_reports_each_backend_and_the_auto_pick():
     assert report["fastest"]["backend"] in ("sync", "async") and report["auto"]["4"]["backend"] == "sync"
 
 
+def test_bench_envs_cpu_counts_each_process_of_the_tree_and_one_that_ended_meanwhile_drops_out():
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from fleetrl.tools.bench_env import _cpu_used_since, _tree_cpu_seconds
+
+    me = psutil.Process()
+    # a child that burns 0.3 s of CPU, then idles: an earlier measurement's worker, still shutting down
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(60)"])
+    try:
+        deadline = time.time() + 30
+        while sum(_tree_cpu_seconds(me).values()) - sum(me.cpu_times()[:2]) < 0.3:
+            assert time.time() < deadline and child.poll() is None
+            time.sleep(0.05)
+        before = _tree_cpu_seconds(me)
+    finally:
+        child.kill()
+        child.wait()
+    sum(i * i for i in range(200_000))
+    used = _cpu_used_since(before, _tree_cpu_seconds(me))
+    assert 0 < used < 0.3, "the ended child's CPU must not come off the total (bench-env printed CPU -61%)"
+
+
 def _hogs(count: int) -> list:
     import subprocess
     import sys

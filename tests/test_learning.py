@@ -3,7 +3,9 @@ soon as it reaches its bar (--stop-at-return). The full-budget comparisons (PPO'
 500k steps against CleanRL's published return, SAC and TD3 to 950 on InvertedPendulum) are in
 benchmarks/learning_budgets.py, with their table in docs/benchmarks.md."""
 
+import contextlib
 import json
+import time
 
 import numpy as np
 import pytest
@@ -25,40 +27,51 @@ def best_rolling_mean(values, window):
 
 # what each algorithm must reach, and within how many steps, with the step seed 1 reached it at (measured 2026-12-04).
 # A random policy scores 22.7 on CartPole-v1 and CartPoleNoVel-v1, and 5.1 on InvertedPendulum-v5 (200 episodes each).
+# Longest first: the fixture starts them in this order, two at a time.
 CHECKS = {
-    # PPO, CleanRL's ppo.py defaults: 200 at 15k steps
-    "ppo": (["ppo", "--env-id", "CartPole-v1"], 100_000, 200),
-    # --policy-lag 1: the sampler thread acts one update behind, and it still learns: 200 at 19k
-    "ppo-lag": (["ppo", "--env-id", "CartPole-v1", "--policy-lag", "1"], 100_000, 200),
-    # the memory check: CartPoleNoVel-v1 hides the velocities; memoryless PPO stays near 50 (benchmarks/lstm_memory.py).
-    # 150 at 5.5-8.1k on seeds 1-3
-    "ppo_lstm": (["ppo_lstm", "--env-id", "CartPoleNoVel-v1"], 30_000, 150),
-    # DQN with a 40k budget (its epsilon falls over 20k steps, learning from step 10k): 150 at 24k
-    "dqn": (["dqn", "--env-id", "CartPole-v1"], 40_000, 150),
     # SAC, CleanRL's defaults (learning from step 5k): 300 at 17k (2.5 min on one core)
     "sac": (["sac", *PENDULUM], 30_000, 300),
     # TD3 learning from 5k instead of CleanRL's 25k: 100, 20x a random policy, at 12k; it climbs slowly from there
     # (200 at 32k), so the bar asks for learning, not for the solve (950 in benchmarks/learning_budgets.py)
     "td3": (["td3", *PENDULUM, "--learning-starts", "5000"], 25_000, 100),
+    # DQN with a 40k budget (its epsilon falls over 20k steps, learning from step 10k): 150 at 24k
+    "dqn": (["dqn", "--env-id", "CartPole-v1"], 40_000, 150),
+    # the memory check: CartPoleNoVel-v1 hides the velocities; memoryless PPO stays near 50 (benchmarks/lstm_memory.py).
+    # 150 at 5.5-8.1k on seeds 1-3
+    "ppo_lstm": (["ppo_lstm", "--env-id", "CartPoleNoVel-v1"], 30_000, 150),
+    # --policy-lag 1: the sampler thread acts one update behind, and it still learns: 200 at 19k
+    "ppo-lag": (["ppo", "--env-id", "CartPole-v1", "--policy-lag", "1"], 100_000, 200),
+    # PPO, CleanRL's ppo.py defaults: 200 at 15k steps
+    "ppo": (["ppo", "--env-id", "CartPole-v1"], 100_000, 200),
 }
+RUN_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
 def learning_runs(tmp_path_factory):
-    """Every check's run, two at a time (a torch thread each): {name: (run folder, output)}."""
+    """Every check's run, two at a time (a torch thread each), the next starting as soon as one ends:
+    {name: (run folder, exit status, output)}."""
     root = tmp_path_factory.mktemp("learning")
-    results, names = {}, list(CHECKS)
-    for pair in (names[i : i + 2] for i in range(0, len(names), 2)):
-        procs = {}
-        for name in pair:
-            flags, budget, bar = CHECKS[name]
-            procs[name] = start_fleetrl_group("train", *flags, "--seed", "1", "--total-timesteps", str(budget), "--no-cuda",
-                                              "--torch-threads", "1", "--checkpoint-every", "1000", "--stop-at-return", str(bar),
-                                              "--stop-window", "10", "--run-dir", str(root / name))
-        with killed_on_exit(*procs.values()):
-            for name, proc in procs.items():
-                out, _ = proc.communicate(timeout=600)
-                results[name] = (root / name, proc.returncode, out)
+    waiting, running, results = list(CHECKS), {}, {}
+    with contextlib.ExitStack() as cleanup:
+        while waiting or running:
+            while waiting and len(running) < 2:
+                name = waiting.pop(0)
+                flags, budget, bar = CHECKS[name]
+                log = cleanup.enter_context(open(root / f"{name}.log", "w+"))  # a file: a pipe nobody reads would fill
+                proc = start_fleetrl_group("train", *flags, "--seed", "1", "--total-timesteps", str(budget), "--no-cuda",
+                                           "--torch-threads", "1", "--checkpoint-every", "1000", "--stop-at-return", str(bar),
+                                           "--stop-window", "10", "--run-dir", str(root / name), stdout=log)
+                cleanup.enter_context(killed_on_exit(proc))
+                running[name] = (proc, log, time.monotonic())
+            for name, (proc, log, started) in list(running.items()):
+                if proc.poll() is not None:
+                    log.seek(0)
+                    results[name] = (root / name, proc.returncode, log.read())
+                    del running[name]
+                else:
+                    assert time.monotonic() - started < RUN_TIMEOUT_S, f"{name} ran past {RUN_TIMEOUT_S} s"
+            time.sleep(0.2)
     return results
 
 

@@ -85,13 +85,13 @@ def test_discrete_actions_are_refused_with_a_clear_error(algo, tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_kill_9_mid_run_then_resume_auto_finishes(algo, tmp_path):
-    run_dir, total = tmp_path / "run", 3_000
-    train = ["train", algo, *PENDULUM, "--total-timesteps", str(total), "--learning-starts", "1000", "--batch-size", "64",
+    run_dir, total = tmp_path / "run", 2_000
+    train = ["train", algo, *PENDULUM, "--total-timesteps", str(total), "--learning-starts", "500", "--batch-size", "64",
              "--checkpoint-every", "1", "--run-dir", str(run_dir)]
     proc = start_fleetrl(*train)
     try:
         deadline = time.time() + 120
-        while not (checkpoint.list_checkpoints(run_dir) and checkpoint.load_checkpoint(run_dir)["global_step"] > 1_200):
+        while not (checkpoint.list_checkpoints(run_dir) and checkpoint.load_checkpoint(run_dir)["global_step"] > 700):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.time() < deadline, "no checkpoint past learning_starts within 120 s"
             time.sleep(0.1)

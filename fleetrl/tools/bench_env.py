@@ -67,15 +67,22 @@ def _tree(proc: psutil.Process) -> list[psutil.Process]:
     return [proc, *proc.children(recursive=True)]
 
 
-def _tree_cpu_seconds(proc: psutil.Process) -> float:
-    total = 0.0
+def _tree_cpu_seconds(proc: psutil.Process) -> dict[tuple[int, float], float]:
+    """CPU seconds of each process in the tree, keyed by (pid, start time) so that a reused pid is another process."""
+    seconds = {}
     for p in _tree(proc):
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            seconds[(p.pid, p.create_time())] = t.user + t.system
         except psutil.Error:
             pass
-    return total
+    return seconds
+
+
+def _cpu_used_since(before: dict[tuple[int, float], float], after: dict[tuple[int, float], float]) -> float:
+    """CPU seconds the tree used between two readings, process by process: a process that ended in between (an earlier
+    measurement's worker still shutting down) drops out of both sides instead of making the total negative."""
+    return sum(seconds - before.get(key, 0.0) for key, seconds in after.items())
 
 
 def _tree_rss_mb(proc: psutil.Process) -> float:
@@ -102,7 +109,7 @@ def measure(env_id: str, backend: str, num_envs: int, seconds: float, async_batc
         cpu0, t0 = _tree_cpu_seconds(proc), time.perf_counter()
         steps = stepper.run(seconds)
         elapsed = time.perf_counter() - t0
-        cpu = 100.0 * (_tree_cpu_seconds(proc) - cpu0) / elapsed
+        cpu = 100.0 * _cpu_used_since(cpu0, _tree_cpu_seconds(proc)) / elapsed
         return steps / elapsed, cpu, _tree_rss_mb(proc)
     finally:
         envs.close()
