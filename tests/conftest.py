@@ -176,19 +176,6 @@ def pytest_configure(config) -> None:
                                        "without it, and fails under CI=true, which installs every extra")
 
 
-# The longest modules first (their tests' times under `make test`, summed): pytest-xdist's --dist loadscope hands out
-# whole modules in collection order, and a long module handed out last keeps one worker busy while the other idles.
-# Alphabetically, test_tune and test_slurm came near the end.
-LONGEST_MODULES_FIRST = ("test_learning", "test_tune", "test_sac_td3", "test_slurm", "test_atari", "test_reliability",
-                         "test_dqn", "test_distributed", "test_learner", "test_offpolicy_tools", "test_benchmark_runner",
-                         "test_ppo_lstm", "test_ppo_runs")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(item.nodeid.split("::")[0]).stem, len(rank)))  # stable: the rest keep their order
-
-
 def pytest_runtest_setup(item) -> None:
     for mark in item.iter_markers("needs"):  # a module's pytestmark, a test's mark or a pytest.param's marks
         require_module(*mark.args, **mark.kwargs)
