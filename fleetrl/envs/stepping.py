@@ -24,10 +24,10 @@ from fleetrl.envs.registry import EnvFactory, EnvFamily
 from fleetrl.errors import FleetError
 
 WAITS_BELOW = 0.5  # a step whose CPU share is below this waits more than it computes
-# Threads per worker process, measured (benchmarks/wait_envs.py, 5 ms sleeping envs, 2 cores): 64 envs ran 6.8k steps/s
-# as 2 x 32 and 7.6k as 4 x 16; 128 envs 9.6k as 2 x 64 and 13.7k as 8 x 16. Past ~16 the GIL hand-offs around each
-# wait queue up.
-MAX_THREADS_PER_WORKER = 16
+# Threads per worker process, measured (benchmarks/wait_envs.py, 5 ms sleeping envs, 2 cores, 2026-12-05): 64 envs ran
+# 8.4k steps/s as 2 x 32, 9.5k as 4 x 16 and 10.1k as 8 x 8; 128 envs 11.2k as 2 x 64, 15.4k as 8 x 16 and 16.4k as
+# 16 x 8. A process's threads take turns on its GIL around each wait, and the more of them, the longer the queue.
+MAX_THREADS_PER_WORKER = 8
 # Fewer steppers than envs would wait in rounds. The CPU share measured on one env in the trainer overstates what a
 # step costs among many (on a VM, a vCPU that idles through every wait pays to wake up: 150-220 us of "CPU" a 5 ms
 # step alone, 70-100 us a step among 64 threads), so it does not cap the steppers; this does, for huge --num-envs.
