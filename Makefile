@@ -23,7 +23,7 @@ train: setup
 	$(VENV)/bin/fleetrl train ppo --env-id CartPole-v1
 
 # The suite in two passes: the tests marked `serial` (timing- or load-sensitive) first, alone; then the rest in
-# $(TEST_WORKERS) pytest-xdist workers (most tests wait on the processes they start, so two share 2 cores well). Each
+# $(TEST_WORKERS) pytest-xdist workers (on 2 cores a third was slower: the suite is CPU-bound; docs/benchmarks.md). Each
 # module's tests stay in one worker (--dist loadscope), so a module-scoped fixture (test_learning's runs) is made once
 # and the Slurm tests share one cluster. pytest exits 5 when it collected no tests: that is a failure, never a pass.
 TEST_WORKERS ?= 2
