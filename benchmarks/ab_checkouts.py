@@ -21,7 +21,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT]
+sys.path[:0] = [HERE, ROOT]
+from lag_phases import phase_medians  # noqa: E402  (the phase timer's steady-state medians, shared)
+
 PHASES = ("env", "inference", "learn", "other")
 
 
@@ -33,10 +35,8 @@ def run(tree: str, command: list[str]) -> dict[str, float]:
                               env=dict(os.environ, PYTHONPATH=tree), capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"fleetrl train failed in {tree}:\n{proc.stderr[-2000:]}")
-        row = {"SPS": read_scalars(run_dir, "charts/SPS")[-1].value}
-        for phase in PHASES:
-            values = [s.value for s in read_scalars(run_dir, f"perf/{phase}_time")][2:]
-            row[phase] = statistics.median(values) * 1e3 if values else 0.0
+        row = {phase: seconds * 1e3 for phase, seconds in phase_medians(run_dir, PHASES).items()}
+        row["SPS"] = read_scalars(run_dir, "charts/SPS")[-1].value
         return row
 
 

@@ -31,6 +31,18 @@ MODES = {
 PHASES = ("env", "inference", "learn", "wait")
 
 
+def phase_medians(run_dir: str, phases: tuple[str, ...], skip: int = 2) -> dict[str, float]:
+    """Each phase's median seconds an iteration (the phase timer's ``perf/<phase>_time``), the first ``skip`` iterations
+    left out: the steady state."""
+    from fleetrl.monitor.tbread import read_scalars
+
+    medians = {}
+    for phase in phases:
+        values = [s.value for s in read_scalars(run_dir, f"perf/{phase}_time")][skip:]
+        medians[phase] = statistics.median(values) if values else 0.0
+    return medians
+
+
 def run(env_id: str, flags: list[str], iterations: int) -> dict[str, float]:
     from fleetrl.monitor.tbread import read_scalars
 
@@ -41,10 +53,9 @@ def run(env_id: str, flags: list[str], iterations: int) -> dict[str, float]:
                                *flags, "--run-dir", run_dir], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"fleetrl train failed ({' '.join(flags)}):\n{proc.stderr[-2000:]}")
-        medians = {}
-        for tag in [f"perf/{p}_time" for p in PHASES] + ["charts/SPS"]:
-            values = [s.value for s in read_scalars(run_dir, tag)][2:]
-            medians[tag.split("/")[1].removesuffix("_time")] = statistics.median(values) if values else 0.0
+        medians = phase_medians(run_dir, PHASES)
+        values = [s.value for s in read_scalars(run_dir, "charts/SPS")][2:]
+        medians["SPS"] = statistics.median(values) if values else 0.0
         return medians
 
 
