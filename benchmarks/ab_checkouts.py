@@ -49,7 +49,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as parent:
         before = os.path.join(parent, "before")
-        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-f", before, args.before], check=True, capture_output=True)
+        added = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-f", before, args.before], capture_output=True, text=True)
+        if added.returncode != 0:
+            raise SystemExit(f"--before {args.before!r}: git could not check it out ({added.stderr.strip()}); give a commit, "
+                             "branch or tag of this repository, e.g. --before 'HEAD~5'.")
         try:
             trees = {f"before ({args.before})": before, "this checkout": ROOT}
             rows: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
