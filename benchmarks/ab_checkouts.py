@@ -4,7 +4,8 @@ side on this machine, alternating, with each iteration's phases.
     python benchmarks/ab_checkouts.py --before 'cb42f9c^'                       # PPO CartPole-v1, 41 iterations, 5 repeats
     python benchmarks/ab_checkouts.py --before v0.1 --repeats 3 -- ppo --env-id BreakoutNoFrameskip-v4 --total-timesteps 10240
 
-The earlier commit is checked out into a temporary git worktree and run with this venv's packages (PYTHONPATH first).
+The earlier commit is checked out into a temporary git worktree and run with this venv's packages (PYTHONPATH first,
+with its benchmarks/ folder, so that the benchmark envs such as ``ppo_speed_envs:Sleep5ms-v0`` import).
 The table gives medians over the repeats of the final cumulative `charts/SPS` (CleanRL's definition: steps over the
 time since the start, so it includes the first iterations) and of each run's per-iteration medians of the phase
 timer's `perf/*_time` scalars, the first two iterations left out (the steady state).
@@ -32,7 +33,7 @@ def run(tree: str, command: list[str]) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as run_dir:
         proc = subprocess.run([sys.executable, "-m", "fleetrl", "train", *command, "--run-dir", run_dir], cwd=tree,
-                              env=dict(os.environ, PYTHONPATH=tree), capture_output=True, text=True)
+                              env=dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.path.join(tree, 'benchmarks')}"), capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"fleetrl train failed in {tree}:\n{proc.stderr[-2000:]}")
         row = {phase: seconds * 1e3 for phase, seconds in phase_medians(run_dir, PHASES).items()}

@@ -3,6 +3,7 @@ AsyncVectorEnv, and threads against processes. Random actions, no network, `flee
 
     python benchmarks/wait_envs.py                      # the 5 ms env at 32, 64 and 128 envs; the socket simulator at 16
     python benchmarks/wait_envs.py --repeats 1 --seconds 2
+    python benchmarks/wait_envs.py --quick --repeats 7  # the 128-against-32 ratio and the memory, nothing else
 
 Rows, alternating within each repeat (A B A B ...), medians of ``--repeats``:
   * ``async (planned)``: what a training run gets with its defaults (the plan from a measured step);
@@ -58,6 +59,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="stepping time per measurement")
     parser.add_argument("--markdown", metavar="FILE", help="also write the tables to FILE")
+    parser.add_argument("--quick", action="store_true",
+                        help="only the planned rows and gym-async of the 5 ms env at 32 and 128 envs (the ratio and memory targets)")
     opts = parser.parse_args()
 
     import ppo_speed_envs  # noqa: F401  (registers the sleeping envs)
@@ -69,7 +72,10 @@ def main() -> None:
     from fleetrl.tools.bench_env import measure
 
     hand = {64: [(2, 32), (4, 16), (64, 1)], 128: [(2, 64), (8, 16)]}  # threads against processes, set by hand
-    rows = rows_for(SLEEP_ENV, [32, 64, 128], hand) + rows_for(SOCKET_ENV, [16], {16: [(2, 8), (16, 1)]})
+    if opts.quick:
+        rows = rows_for(SLEEP_ENV, [32, 128], {})
+    else:
+        rows = rows_for(SLEEP_ENV, [32, 64, 128], hand) + rows_for(SOCKET_ENV, [16], {16: [(2, 8), (16, 1)]})
     results: dict[Row, list[tuple[float, float, float]]] = {r: [] for r in rows}
     plans: dict[Row, SteppingPlan] = {}
     with running_server():
@@ -90,6 +96,8 @@ def main() -> None:
              f"`python benchmarks/wait_envs.py {' '.join(sys.argv[1:])}`; medians of {opts.repeats}, {opts.seconds:g} s each.", ""]
     for env_id, title in ((SLEEP_ENV, "a pure-Python env whose step sleeps 5 ms"),
                           (SOCKET_ENV, "the socket simulator (loopback TCP, ~0.2 ms of server compute a step)")):
+        if not any(r.env_id == env_id for r in rows):
+            continue
         lines += [f"### {env_id}: {title}", "", "| envs | backend | workers x threads | env steps/s | vs gym-async | CPU % | tree RSS MB | runs |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for row in (r for r in rows if r.env_id == env_id):

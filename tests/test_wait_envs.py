@@ -4,6 +4,8 @@ Behaviour only; the speed is measured by benchmarks/ppo_speed.py (wait-envs, soc
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -85,6 +87,27 @@ def test_a_thread_safe_env_that_waits_steps_side_by_side():
         assert envs.stepping.threads == 4 and envs.num_workers == 2 and envs.threads == 4
     finally:
         envs.close()
+
+
+def policies_of(pid: int) -> set[int]:
+    """The scheduling policy of every thread of a process."""
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_workers_of_envs_that_wait_run_as_batch_tasks_and_workers_of_envs_that_compute_do_not():
+    # a batch task that wakes does not preempt the trainer while it writes the other workers' commands
+    waiting = make_vector_env("fleetrl_test_envs:Barrier-v0", 8, "async", env_workers=2)  # 2 x 4 stepping threads
+    computing = make_vector_env("CartPole-v1", 2, "async", env_workers=2, env_threads=1)  # a worker per core, no threads
+    try:
+        waiting.reset(seed=0)
+        computing.reset(seed=0)
+        assert all(policies_of(pid) == {os.SCHED_BATCH} and len(os.listdir(f"/proc/{pid}/task")) >= 4 for pid in waiting.worker_pids)
+        assert all(policies_of(pid) == {os.SCHED_OTHER} for pid in computing.worker_pids)
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER, "the trainer keeps the default policy"
+    finally:
+        waiting.close()
+        computing.close()
 
 
 def test_the_flags_override_the_plan_and_are_printed(capsys):

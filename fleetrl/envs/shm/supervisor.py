@@ -77,9 +77,10 @@ class Supervisor:
     """The worker processes of one vector env; ``ready`` holds the workers whose reports wait to be taken."""
 
     def __init__(self, workers: list[Worker], ctx: Any, buffer: Any, layout: Layout, views: dict[str, np.ndarray],
-                 env_names: list[str], *, threads: int, spin_us: float, max_restarts: int, env_timeout: float | None):
+                 env_names: list[str], *, threads: int, spin_us: float, batch_scheduling: bool, max_restarts: int,
+                 env_timeout: float | None):
         self.workers, self._ctx, self._buffer, self._layout, self._views = workers, ctx, buffer, layout, views
-        self._env_names, self.threads, self.spin_us = env_names, threads, spin_us
+        self._env_names, self.threads, self.spin_us, self.batch_scheduling = env_names, threads, spin_us, batch_scheduling
         self.max_restarts, self.env_timeout = max_restarts, env_timeout
         self._build_timeout = max(env_timeout, MIN_BUILD_TIMEOUT_S) if env_timeout else None
         self.restarts = 0  # workers restarted so far, all of them together
@@ -362,7 +363,8 @@ class Supervisor:
                 target=worker_main,
                 name=f"fleetrl-env-worker-{worker.index}",
                 args=(worker.index, worker.generation, worker.lo, worker.payload, self._buffer, self._layout, cmd_r,
-                      self._result_w, err_w, self._sys_path, self._cwd, os.getpid(), self.spin_us * 1e-6, self.threads),
+                      self._result_w, err_w, self._sys_path, self._cwd, os.getpid(), self.spin_us * 1e-6, self.threads,
+                      self.batch_scheduling),
                 daemon=True,  # belt and braces: multiprocessing terminates daemons at a normal exit
             )
             proc.start()

@@ -131,6 +131,10 @@ class SharedMemoryVectorEnv:
         # the cores that the stepping workers need (measured: benchmarks/async_vector.py).
         if spin_us is None:
             spin_us = DEFAULT_SPIN_US if num_workers <= cores else 0.0
+        # Workers of envs that wait (stepping threads, or more workers than cores) run under SCHED_BATCH: a batch task
+        # that wakes does not preempt the running one, so the trainer writes every worker its command before any of
+        # them takes its core, instead of handing the core over at each command it writes (docs/backends.md).
+        batch_scheduling = threads > 1 or num_workers > cores
         if max_restarts < 0:
             raise FleetError(f"max_restarts={max_restarts} must be 0 (never restart a worker) or more.")
         if env_timeout is not None and env_timeout < 0:
@@ -173,7 +177,7 @@ class SharedMemoryVectorEnv:
         buffer = ctx.RawArray(ctypes.c_uint8, nbytes)
         self._views = map_views(buffer, layout)
         self._supervisor = Supervisor(workers, ctx, buffer, layout, self._views, env_names, threads=self.threads,
-                                      spin_us=float(spin_us), max_restarts=int(max_restarts),
+                                      spin_us=float(spin_us), batch_scheduling=batch_scheduling, max_restarts=int(max_restarts),
                                       env_timeout=float(env_timeout) if env_timeout else None)
         try:
             self._supervisor.start()

@@ -4,6 +4,7 @@ which wait (a simulator in another process, a server, a robot) overlap their wai
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -174,14 +175,20 @@ def worker_main(
     parent_pid: int,
     spin_s: float,
     threads: int = 1,
+    batch_scheduling: bool = False,
 ) -> None:
-    """Build envs ``lo .. lo+len(env_fns)-1``, then serve step/reset commands until told to close."""
+    """Build envs ``lo .. lo+len(env_fns)-1``, then serve step/reset commands until told to close.
+    ``batch_scheduling``: run under SCHED_BATCH (its stepping threads too), so that waking this worker never preempts
+    the trainer while it writes the other workers' commands."""
     # The parent owns shutdown: a Ctrl-C in the terminal, or Slurm's SIGTERM before a preemption, reaches the
     # whole process group, and workers dying mid-step would turn the trainer's checkpoint-and-stop into restarts.
     # A worker still exits when its parent dies (see ``parent_pid``).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     limit_threads()
+    if batch_scheduling:
+        with contextlib.suppress(OSError, AttributeError):  # not Linux, or refused: the default policy only costs speed
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     # forkserver children inherit the server's sys.path and cwd, not the parent's current ones; custom
     # env modules (``mymod:MyEnv-v0``) must import here exactly as they do in the parent.
     sys.path[:] = list(sys_path) + [p for p in sys.path if p not in sys_path]
