@@ -10,6 +10,11 @@ from pathlib import Path
 TESTS_DIR = Path(__file__).parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+# The suite keeps both cores busy (two xdist workers and their runs), and OpenMP's spinning intra-op threads beside
+# other jobs stall each other: a 700-step SAC run with 2 torch threads took 53.7 s beside two busy loops, 10.4 s with
+# passive waiting and 8.8 s with 1 thread (docs/benchmarks.md, "The test suite"). Read when torch loads, so set here,
+# before any import of it, for this process and every run it starts; results do not depend on it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # the session's own cache of measured settings (fleetrl/accel.py), shared by its runs, apart from the user's
 if "FLEETRL_CACHE_DIR" not in os.environ:
     import tempfile
