@@ -31,6 +31,7 @@ from torch import nn
 
 from fleetrl.errors import FleetError
 from fleetrl.nets import network_obs_dtype
+from fleetrl.optim import SGD
 
 PRECISIONS = ("auto", "fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -209,7 +210,7 @@ def _time_training_steps(model: nn.Module, settings: list[Accel], example_obs: t
     """Median seconds of forward + backward + an optimiser step for each setting, on throwaway copies of the model.
     The settings take turns step by step, so a change in the machine's load hits them alike."""
     probes = {s: s.apply(copy.deepcopy(model)) for s in settings}
-    optimizers = {s: torch.optim.SGD(p.parameters(), lr=0.0) for s, p in probes.items()}
+    optimizers = {s: SGD(p.parameters(), lr=0.0) for s, p in probes.items()}
     times: dict[Accel, list[float]] = {s: [] for s in settings}
     for _ in range(1 + PROBE_STEPS):  # the first round warms up and is not counted
         for s, probe in probes.items():

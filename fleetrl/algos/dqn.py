@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fleetrl import config, offpolicy
+from fleetrl import config, offpolicy, optim
 from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.learner import check_policy_lag
 from fleetrl.monitor import TrainResult
@@ -157,7 +157,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
 
         q_network = QNetwork(obs_shape, num_actions).to(device)
         dist.broadcast_parameters(q_network)  # every replica starts from rank 0's parameters
-        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # one kernel for all params
+        optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(q_network.parameters())  # averages gradients over ranks
         q_values_of = host_forward(q_network.network, device)  # numpy -> numpy; small MLPs on the CPU act in numpy
         target_network = QNetwork(obs_shape, num_actions).to(device)

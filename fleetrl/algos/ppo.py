@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl import config
+from fleetrl import config, optim
 from fleetrl.accel import autocast, choose_accel
 from fleetrl.args import ONPOLICY_RANGES, OnPolicyArgs, validate_onpolicy
 from fleetrl.distributed import Dist
@@ -293,7 +293,7 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
                              dist, verbose=dist.is_main, saved=run.remembered("accel"))
         run.remember(accel=accel.state())
         loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
+        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=agent, optimizer=optimizer)  # what checkpoints hold, besides every rank's RNG streams
         # --normalize (MuJoCo's default): one set of observation and reward statistics for all envs of all ranks

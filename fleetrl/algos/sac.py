@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl import config
+from fleetrl import config, optim
 from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import gaussian_sample
@@ -127,8 +127,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         dist.broadcast_parameters(actor)  # every replica starts from rank 0's parameters
         dist.broadcast_parameters(qf)
         qf_target = copy.deepcopy(qf)
-        q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
-        actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
+        q_optimizer = optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
+        actor_optimizer = optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
         q_sync, actor_sync = dist.gradient_sync(qf.parameters()), dist.gradient_sync(actor.parameters())
         run.register(actor=actor, qf=qf, qf_target=qf_target, q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
 
@@ -136,7 +136,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         target_entropy = -float(np.prod(envs.single_action_space.shape))
         log_alpha = nn.Parameter(torch.zeros(1, device=device))
         if args.autotune:
-            a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True)
+            a_optimizer = optim.Adam([log_alpha], lr=args.q_lr, fused=True)
             alpha_sync = dist.gradient_sync([log_alpha])
             run.register(log_alpha=nn.ParameterList([log_alpha]), a_optimizer=a_optimizer)
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl import config
+from fleetrl import config, optim
 from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.monitor import TrainResult
 from fleetrl.nets_continuous import HIDDEN, TwinQNetwork, add_action_rescaling, relu_trunk, twin_q_loss
@@ -109,8 +109,8 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         dist.broadcast_parameters(actor)  # every replica starts from rank 0's parameters
         dist.broadcast_parameters(qf)
         target_actor, qf_target = copy.deepcopy(actor), copy.deepcopy(qf)
-        q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True)
-        actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
+        q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True)
+        actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
         q_sync, actor_sync = dist.gradient_sync(qf.parameters()), dist.gradient_sync(actor.parameters())
         run.register(actor=actor, qf=qf, target_actor=target_actor, qf_target=qf_target,
                      q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
