@@ -166,20 +166,23 @@ def test_first_ready_rollout_is_full_follows_each_env_and_a_slow_env_contributes
 
 
 def test_first_ready_policy_lag_chart_counts_the_transitions_acted_on_before_the_update():
-    # each rollout after the first opens with one transition per env whose action the previous weights chose: every
-    # env holds an action in flight when a rollout ends. Which envs are ready first is up to the scheduler, so on a
-    # loaded host an env can miss a whole rollout, and then its in-flight transition is not in that one.
+    # every env holds an action in flight when a rollout ends, so an env's first transition in a rollout was acted on
+    # by the weights of the last rollout it took part in: one update old, or more where the env missed whole rollouts
+    # (which envs are ready first is up to the scheduler, and on a loaded host one can sit out a rollout)
     fns = [MakeEnv("ShmCounting-v0", {"length": 6}) for _ in range(4)]
     envs = SharedMemoryVectorEnv(fns, num_workers=4, async_batch=2)
     sampler = Sampler(envs, make_agent(envs), 8, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=1, timer=PhaseTimer(), async_batch=2)
     try:
         lags, expected = [], []
-        for i in range(3):
+        last_acted = np.zeros(4, int)  # the rollout (= weights version) each env last acted in; all act in the first
+        for version in range(4):
             buffer = sampler.collect()
             lags.append(sampler.policy_lag)
-            expected.append(0.0 if i == 0 else len(np.unique(buffer.env_ids)) / buffer.env_ids.size)
+            present = np.unique(buffer.env_ids)
+            expected.append(float((version - last_acted[present]).sum()) / buffer.env_ids.size)
+            last_acted[present] = version
             sampler.weights_updated()
-        assert lags == expected and lags[1] > 0, (lags, expected)
+        assert lags == pytest.approx(expected) and lags[0] == 0 and min(lags[1:]) > 0, (lags, expected)
     finally:
         sampler.close()
 
