@@ -2,6 +2,7 @@
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from torch.distributions import Categorical, Normal
 
@@ -105,3 +106,19 @@ def test_host_forward_matches_torch_and_sees_the_optimisers_in_place_steps_and_a
     with torch.no_grad():
         expected = cnn(torch.as_tensor(frames)).numpy()
     np.testing.assert_allclose(host_forward(cnn.network, torch.device("cpu"))(frames), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("obs_shape, impala", [((4, 84, 84), False), ((64, 64, 3), True), ((3, 64, 64), True)],
+                         ids=["atari-nature", "procgen-impala-hwc", "impala-chw"])
+def test_ppo_image_networks_give_their_first_conv_the_frames_divided_by_255(obs_shape, impala):
+    # CleanRL's ppo_atari.py and ppo_procgen.py scale uint8 frames to [0, 1] before the first conv; a network that
+    # forgot (or scaled twice) still runs and even learns a little, so check what the first conv is given
+    agent = Agent(obs_shape, gym.spaces.Discrete(6), impala=impala)
+    first_conv = next(m for m in agent.modules() if isinstance(m, torch.nn.Conv2d))
+    seen = []
+    first_conv.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].detach().clone()))
+    frames = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, *obs_shape), dtype=np.uint8))
+    with torch.no_grad():
+        agent(frames)
+    chw = frames.permute(0, 3, 1, 2) if obs_shape[-1] == 3 else frames
+    torch.testing.assert_close(seen[0], chw.float() / 255.0)

@@ -1,5 +1,5 @@
 """DQN: CleanRL's schedule and defaults, clear refusals, CartPole learned with the defaults, Atari end to end on two
-backends, kill -9 and --resume auto, eval, and bit-identical replicas under torchrun. Real envs, real learning."""
+backends, kill -9 and --resume auto, the greedy and epsilon-greedy acting that eval uses (eval of a trained DQN: test_learning.py), and bit-identical replicas under torchrun. Real envs, real learning."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from fleetrl import checkpoint
 from fleetrl.algos import dqn
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import TESTS_DIR, dqn_updates_made, fleetrl_env, killed_on_exit, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
+from conftest import TESTS_DIR, dqn_updates_made, fleetrl_env, killed_on_exit, require_module, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 SHORT = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000"]  # learning begins at once on a small budget
@@ -71,6 +71,19 @@ def test_q_network_starts_from_cleanrls_initial_weights_for_the_same_seed(obs_sh
     theirs = [p.detach() for p in cleanrl_q_network(obs_shape, 6).parameters()]
     assert [p.shape for p in ours] == [p.shape for p in theirs]
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_q_values_on_atari_frames_are_cleanrls_network_on_frames_scaled_by_255():
+    # dqn_atari.py's forward is `self.network(x / 255.0)`: uint8 frames in, pixels in [0, 1] to the first conv. A missing
+    # (or doubled) scaling gives other Q-values from the same weights.
+    torch.manual_seed(3)
+    ours = dqn.QNetwork((4, 84, 84), 6)
+    torch.manual_seed(3)
+    theirs = cleanrl_q_network((4, 84, 84), 6)
+    frames = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (5, 4, 84, 84), dtype=np.uint8))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(frames), theirs(frames / 255.0))
+        assert not torch.allclose(ours(frames), theirs(frames.float()), rtol=1e-3, atol=1e-3)
 
 
 def test_epsilon_updates_and_target_updates_fall_on_cleanrls_steps(tmp_path, monkeypatch):
@@ -147,7 +160,7 @@ REFUSALS = {
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_bad_input_is_refused_with_a_clear_error_before_anything_runs(tmp_path, case):
     if case == "mujoco":
-        pytest.importorskip("mujoco")
+        require_module("mujoco", "mujoco")
     flags, needles = REFUSALS[case]
     run_dir = tmp_path / "r"
     proc = run_fleetrl_in_process("train", "dqn", "--no-cuda", *flags, "--run-dir", str(run_dir))
@@ -160,7 +173,7 @@ def test_bad_input_is_refused_with_a_clear_error_before_anything_runs(tmp_path, 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("backend", ["ale", "sync"])
 def test_dqn_trains_breakout_end_to_end_on_each_backend(tmp_path, backend):
-    pytest.importorskip("ale_py")
+    require_module("ale_py", "atari")
     run_dir = tmp_path / backend
     total = 1000  # 125 updates of the Nature CNN
     proc = run_fleetrl("train", "dqn", "--env-id", "BreakoutNoFrameskip-v4", "--env-backend", backend, "--total-timesteps", str(total),
@@ -191,19 +204,6 @@ def test_kill_9_mid_run_then_resume_auto_finishes_and_logs_every_iteration_once(
     assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == total
     steps = [p.step for p in read_scalars(run_dir, "charts/epsilon")]
     assert steps == list(range(100, total + 1, 100)), "every iteration logged exactly once"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_eval_plays_a_dqn_checkpoint_greedy_and_epsilon_greedy(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "dqn", *SHORT, "--total-timesteps", "3000", "--run-dir", str(run_dir), timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for flags in ([], ["--stochastic"]):
-        evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "3", "--json", *flags, timeout=240)
-        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-        result = json.loads(evaluated.stdout.strip().splitlines()[-1])
-        assert result["episodes"] == 3 and result["mean_return"] >= 8 and result["global_step"] == 3000, result
 
 
 @pytest.mark.slow
