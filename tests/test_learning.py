@@ -105,6 +105,22 @@ def test_eval_runs_the_trained_sac_policy_deterministically_at_least_as_well_as_
     assert result["episodes"] == 3 and result["mean_return"] >= CHECKS["sac"][2], result
 
 
+@pytest.mark.timeout(1800)
+def test_eval_plays_the_trained_dqn_greedy_repeatably_and_stochastic_explores(learning_runs):
+    # CartPole, seed 1: the greedy policy that reached 150 in training (epsilon 0.05) plays 239 over 5 episodes;
+    # --stochastic explores at the run's final epsilon, so the same seed's episodes end elsewhere (237)
+    def evaluate(*flags):
+        proc = run_fleetrl("eval", str(learning_runs["dqn"][0]), "--episodes", "5", "--json", *flags, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    greedy, again, stochastic = evaluate(), evaluate(), evaluate("--stochastic")
+    assert greedy["episodes"] == 5 and greedy["mean_return"] >= CHECKS["dqn"][2], greedy
+    assert again["returns"] == greedy["returns"], "a greedy policy plays the same episodes from the same seed"
+    assert stochastic["returns"] != greedy["returns"], "--stochastic must take exploring actions"
+    assert stochastic["mean_return"] >= 0.5 * CHECKS["dqn"][2], stochastic  # 5% random actions, not a random policy (22.7)
+
+
 @pytest.mark.timeout(1900)
 def test_ppo_continuous_solves_inverted_pendulum_and_eval_matches_training(tmp_path):
     require_module("mujoco", "mujoco")
