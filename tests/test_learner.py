@@ -5,8 +5,11 @@ orphans anything."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -21,7 +24,7 @@ from fleetrl.errors import FleetError
 from fleetrl.learner import PROCESS_NAME, Learner
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import dqn_updates_made, killed_on_exit, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
+from conftest import dqn_updates_made, fleetrl_env, killed_on_exit, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 LAGGED = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000", "--policy-lag", "1", "--no-progress"]
@@ -93,24 +96,48 @@ def test_lag_1_acts_one_update_behind_and_sync_fetches_the_learners_state():
     assert learner._process is None
 
 
-def test_the_learner_process_is_started_without_forking_this_multi_threaded_process(monkeypatch):
-    def fork():
-        raise AssertionError("the trainer runs threads (monitoring, TensorBoard, OpenMP): a fork of it can deadlock the child")
+# run in a fresh interpreter: in the test process a forkserver that earlier tests started would already be there, and
+# a learner forked by it would pass without this start ever being checked
+FRESH_LEARNER = """
+import json, os, threading, psutil, torch
+from torch import nn
+from fleetrl.learner import PROCESS_NAME, Learner
 
-    monkeypatch.setattr(os, "fork", fork)
+def fork():
+    raise AssertionError("the trainer runs threads (monitoring, TensorBoard, OpenMP): a fork of it can deadlock the child")
 
-    def where() -> dict[str, int]:
-        return {"pid": os.getpid()}
+def where():
+    return {"pid": os.getpid()}
 
-    learner = Learner([where], acting=nn.Linear(1, 1), owned={}, lag=1, device="cpu")
-    try:
-        learner(where)
-        ran_in = learner(where)["pid"]  # the first call's result comes with the second
-        process = psutil.Process(learner._process.pid)
-        assert ran_in == process.pid != os.getpid() and process.name() == PROCESS_NAME
-        assert os.getpid() in [parent.pid for parent in process.parents()], "forked by this process's forkserver"
-    finally:
-        learner.close()
+stop = threading.Event()
+busy = threading.Thread(target=stop.wait, daemon=True)  # the trainer is multi-threaded when the learner starts
+busy.start()
+torch.ones(256, 256) @ torch.ones(256, 256)  # and OpenMP's pool has run
+os.fork = fork
+learner = Learner([where], acting=nn.Linear(1, 1), owned={}, lag=1, device="cpu")
+try:
+    learner(where)
+    ran_in = learner(where)["pid"]  # the first call's result comes with the second
+    process = psutil.Process(learner._process.pid)
+    server = process.parent()
+    print(json.dumps({"me": os.getpid(), "threads": threading.active_count(), "ran_in": ran_in, "learner": process.pid,
+                      "name": process.name(), "parent": server.pid, "grandparent": server.ppid(),
+                      "parent_cmdline": " ".join(server.cmdline())}))
+finally:
+    learner.close()
+    stop.set()
+"""
+
+
+def test_the_learner_process_is_started_without_forking_this_multi_threaded_process():
+    proc = subprocess.run([sys.executable, "-c", FRESH_LEARNER], capture_output=True, text=True, timeout=120, env=fleetrl_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["threads"] >= 2
+    assert seen["ran_in"] == seen["learner"] != seen["me"] and seen["name"] == PROCESS_NAME
+    # forked by a forkserver this trainer started (its child), not by the trainer itself
+    assert seen["parent"] != seen["me"] and seen["grandparent"] == seen["me"], seen
+    assert "forkserver" in seen["parent_cmdline"], seen
 
 
 def test_lag_1_makes_the_same_updates_as_lag_0_one_call_late_and_the_optimiser_steps_the_acting_network():
