@@ -24,7 +24,7 @@ from fleetrl.monitor.tbread import read_scalars
 from fleetrl.tools import minicluster, slurm_jobs
 from fleetrl.tools.returns import final_return
 
-from conftest import assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_slurm
+from conftest import assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_module, require_slurm, skip_unless_ci
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = REPO / "docs" / "slurm" / "train.sbatch"
@@ -152,7 +152,7 @@ def _script(tmp_path: Path, command: str) -> Path:
 
 def test_up_refuses_in_one_paragraph_without_root_or_without_slurm():
     if subprocess.run(["unshare", "--user", "true"], capture_output=True).returncode != 0:
-        pytest.skip("cannot make a user namespace here to run as a non-root user")
+        skip_unless_ci("cannot make a user namespace here to run as a non-root user (unshare --user)")
     # a real unprivileged process: in a user namespace of its own it is uid 65534 and holds no capability here
     not_root = subprocess.run(["unshare", "--user", sys.executable, "-m", "fleetrl", "minicluster", "up", "--dir", "/nonexistent/x"],
                               capture_output=True, text=True, timeout=60, env=fleetrl_env())
@@ -479,7 +479,7 @@ def test_slurm_flags_are_one_clear_error_where_no_slurm_answers(tmp_path):
 @pytest.mark.timeout(400)
 def test_a_four_trial_tune_array_over_both_nodes_records_exactly_four_trials_in_postgresql_on_the_bridge(
         slurm_cluster, own_jobs_killed, tmp_path):
-    optuna = pytest.importorskip("optuna", reason="the tune extra is not installed: pip install 'fleetrl[tune]'")
+    optuna = require_module("optuna", "tune")
     from fleetrl.tools.tune.storage import open_storage, parse_storage
 
     space = tmp_path / "space.yaml"
