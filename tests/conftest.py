@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 TESTS_DIR = Path(__file__).parent
@@ -211,6 +212,30 @@ def slurm_cluster():
     require_slurm()
     with minicluster.running(owner_pid=os.getpid()) as cluster:  # a killed test run's cluster is removed by the next start
         yield cluster
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    run_dir: Path
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def tiny_cartpole_run(tmp_path_factory) -> FinishedRun:
+    """`fleetrl train ppo` with the defaults (CartPole-v1, 4 envs x 128 steps) but a budget of two iterations, run once
+    per test worker through the CLI's entry point and shared by the tests that only read a finished run (its checkpoint,
+    manifest, flags, output): copy ``run_dir`` before changing anything in it."""
+    import torch
+
+    run_dir = tmp_path_factory.mktemp("tiny-cartpole") / "run"
+    threads = torch.get_num_threads()  # the run sets torch's thread count for its process: this worker's, here
+    try:
+        proc = run_fleetrl_in_process("train", "ppo", "--total-timesteps", "1024", "--no-progress", "--run-dir", str(run_dir))
+    finally:
+        torch.set_num_threads(threads)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return FinishedRun(run_dir, proc.stdout, proc.stderr)
 
 
 def run_fleetrl_in_process(*args: str, cwd: str | Path | None = None) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from fleetrl.algos.ppo import Agent, Args, ppo_loss
 from fleetrl.distributed import Dist
 from fleetrl.sampling.acting import TorchActor, make_actor
 
-from conftest import run_fleetrl
+from conftest import run_fleetrl, run_fleetrl_in_process
 
 IMAGE_SPACE = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 
@@ -140,7 +140,7 @@ def test_a_resumed_run_keeps_the_settings_it_was_trained_with(monkeypatch):
 
 
 def test_bad_precision_gets_a_clear_error_and_nonzero_exit(tmp_path):
-    proc = run_fleetrl("train", "ppo", "--precision", "fp16", "--run-dir", str(tmp_path / "run"), timeout=120)
+    proc = run_fleetrl_in_process("train", "ppo", "--precision", "fp16", "--run-dir", str(tmp_path / "run"))
     assert proc.returncode != 0
     assert "--precision" in proc.stderr and "fp32" in proc.stderr and "bf16" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -165,7 +165,7 @@ def test_bad_benchmark_input_is_a_clear_error(tmp_path):
     assert seeded.returncode == 2 and "Remove --seed" in seeded.stderr
     zero = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--workers", "0", "--", *ECHO)
     assert zero.returncode == 2 and "--workers must be at least 1" in zero.stderr
-    both = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--slurm", "--slurm-template", "--", *ECHO, timeout=60)
+    both = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--slurm", "--slurm-template", "--", *ECHO)
     assert both.returncode == 2 and "Give --slurm (submit the array and follow it) or --slurm-template" in both.stderr
     for stderr in (no_command.stderr, seeded.stderr, zero.stderr, both.stderr):
         assert "Traceback" not in stderr

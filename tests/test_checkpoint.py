@@ -8,7 +8,7 @@ import torch
 from fleetrl import checkpoint
 from fleetrl.errors import FleetError
 
-from conftest import run_fleetrl
+from conftest import run_fleetrl_in_process
 
 
 def state(step):
@@ -58,7 +58,7 @@ def test_checkpoint_with_pickled_code_is_refused_and_nothing_executes(tmp_path):
     assert not marker.exists()
     # the same through the command line: a clear error, a non-zero exit, no traceback, nothing run
     for command in (["eval", str(evil)], ["train", "ppo", "--resume", str(evil), "--run-dir", str(tmp_path / "r")]):
-        proc = run_fleetrl(*command, timeout=120)
+        proc = run_fleetrl_in_process(*command)
         assert proc.returncode != 0
         assert "Refused to load" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists()

@@ -47,7 +47,7 @@ def test_unknown_command_and_missing_algorithm():
     assert helped.returncode == 0 and "--num-envs" in helped.stdout and "--total-timesteps" in helped.stdout
 
 
-def test_cuda_without_a_gpu_falls_back_to_cpu_with_one_warning(tmp_path):
+def test_cuda_without_a_gpu_falls_back_to_cpu_with_one_warning(tmp_path, tiny_cartpole_run):
     import torch
 
     if torch.cuda.is_available():
@@ -56,8 +56,7 @@ def test_cuda_without_a_gpu_falls_back_to_cpu_with_one_warning(tmp_path):
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "cuda" in line.lower()]
     assert len(warnings) == 1 and "CPU" in warnings[0]
-    quiet = run_fleetrl("train", "ppo", "--total-timesteps", "512", "--run-dir", str(tmp_path / "q"), timeout=120)
-    assert "cuda" not in quiet.stderr.lower()
+    assert "cuda" not in tiny_cartpole_run.stderr.lower(), "--cuda by default (CleanRL's) falls back without a word"
 
 
 def test_defaults_follow_the_env_family_and_explicit_flags_win():
@@ -215,7 +214,7 @@ TOOL_REFUSALS = [
     (["bench-env", "--seconds", "0"], "--seconds"),
     (["bench-env", "--repeats", "0"], "--repeats must be at least 1"),
     (["bench-env", "--async-batch", "0"], "--async-batch must be at least 1"),
-    (["bench-env", "--num-envs", "2,4", "--async-batch", "4"], "--async-batch 4 must divide every --num-envs (2,4)"),
+    (["bench-env", "--num-envs", "2,4", "--async-batch", "4"], "--async-batch 4 must divide --num-envs 2"),
     (["bench-env", "--num-envs", "0"], "--num-envs takes comma-separated whole numbers of at least 1"),
     (["bench-env", "--num-envs", ""], "--num-envs takes comma-separated whole numbers"),
     (["bench-env", "--backends", "sync,nope"], "(unknown: nope)"),

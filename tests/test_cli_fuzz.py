@@ -460,14 +460,10 @@ TARGETS = ["run", "run-file", "loose-file", "missing", "", "text", "empty", "fol
 CHECKPOINTS = ("run", "run-file", "loose-file")  # the targets that are a checkpoint; the others are refused
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    """A real run folder with one checkpoint (a tiny CartPole run)."""
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    outcome = call(["train", "ppo", "--env-backend", "sync", "--num-envs", "2", "--num-steps", "16", "--total-timesteps", "32",
-                    "--no-progress", "--run-dir", str(run_dir)])
-    assert outcome.code == 0, outcome
-    return run_dir
+@pytest.fixture
+def trained_run(tiny_cartpole_run):
+    """A real run folder with its checkpoints (the session's tiny CartPole run: make_target copies it)."""
+    return tiny_cartpole_run.run_dir
 
 
 def make_target(kind: str, trained_run: Path, cwd: Path) -> str:

@@ -468,12 +468,10 @@ def test_a_run_folder_that_cannot_be_written_is_refused_before_anything_starts(t
 
 
 # ------------------------------------------------------------------------------------------ checkpoints from elsewhere
-@pytest.fixture(scope="module")
-def cartpole_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("cartpole") / "run"
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--total-timesteps", str(2 * BATCH), "--run-dir", str(run_dir))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
+@pytest.fixture
+def cartpole_run(tiny_cartpole_run):
+    """The session's finished CartPole run (2 x 512 steps): the tests read it, or copy it first."""
+    return tiny_cartpole_run.run_dir
 
 
 def test_a_checkpoint_of_another_env_or_algorithm_or_a_truncated_one_is_refused_clearly(tmp_path, cartpole_run):
