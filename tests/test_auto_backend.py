@@ -7,7 +7,7 @@ import pytest
 from fleetrl.envs import auto, env_family, make_vector_env
 from fleetrl.envs.auto import choose_backend
 
-from conftest import require_module, run_fleetrl
+from conftest import require_module, run_fleetrl, run_fleetrl_in_process
 
 
 def test_cheap_envs_stay_in_process():
@@ -75,6 +75,15 @@ def test_bench_env_reports_each_backend_and_the_auto_pick():
     assert {r["backend"] for r in report["results"]} == {"sync", "async"}
     assert all(r["steps_per_s"] > 0 and r["cpu_percent"] >= 0 for r in report["results"])
     assert report["fastest"]["backend"] in ("sync", "async") and report["auto"]["4"]["backend"] == "sync"
+
+
+def test_bench_env_with_async_batch_measures_first_ready_backends_and_skips_one_that_steps_all_envs_together():
+    proc = run_fleetrl_in_process("bench-env", "--env-id", "CartPole-v1", "--backends", "sync,async", "--num-envs", "4",
+                                  "--async-batch", "2", "--seconds", "0.2", "--repeats", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["backend"] for r in report["results"]] == ["async"] and report["results"][0]["steps_per_s"] > 0
+    assert "needs a backend that returns the first envs ready" in report["skipped"]["sync"], report["skipped"]
 
 
 def test_bench_envs_cpu_counts_each_process_of_the_tree_and_one_that_ended_meanwhile_drops_out():

@@ -26,6 +26,7 @@ from fleetrl.envs import BACKENDS, env_family, make_vector_env
 from fleetrl.envs.atari import FRAME_SKIP
 from fleetrl.envs.probe import RandomStepper
 from fleetrl.envs.stepping import SteppingPlan, plan_stepping
+from fleetrl.envs.vector import check_async_batch
 from fleetrl.errors import FleetError
 
 
@@ -134,6 +135,7 @@ def bench_env(args: BenchEnvArgs, quiet: bool = False) -> dict:
         for n in counts:
             runs, cpus, rss = [], [], []
             try:
+                check_async_batch(n, args.async_batch, backend)  # a backend that steps all its envs together is skipped, saying so
                 # planned once per count, as a training run plans it (the plan measures a step)
                 stepping = (plan_stepping(args.env_id, family, n, available_cores(), workers=args.env_workers, threads=args.env_threads)
                             if backend == "async" else None)
@@ -182,9 +184,8 @@ def check_args(args: BenchEnvArgs) -> tuple[list[str], list[int]]:
         counts = []
     if not counts or min(counts) < 1:
         raise FleetError(f"--num-envs takes comma-separated whole numbers of at least 1, e.g. 8,16,32; got {args.num_envs!r}.")
-    if args.async_batch is not None and any(n % args.async_batch for n in counts):
-        raise FleetError(f"--async-batch {args.async_batch} must divide every --num-envs ({args.num_envs}): each step returns that many "
-                         f"of the envs. Choose a common divisor, or leave it out.")
+    for n in counts:  # the one rule of --async-batch; what each backend allows is checked as it comes to be measured
+        check_async_batch(n, args.async_batch, "auto")
     return backends, counts
 
 
