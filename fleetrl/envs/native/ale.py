@@ -115,7 +115,7 @@ class AleVectorEnv:
         self._stats = EpisodeTracker(num_envs)
 
     def _build(self) -> None:
-        self._drop_pools()
+        self._pools = close_pools(self._pools)
         count = len(self._groups.ranges)
         threads = max(1, self._num_threads // count) if self._num_threads else 0
         for lo, hi in self._groups.ranges:
@@ -144,7 +144,7 @@ class AleVectorEnv:
         """``count`` groups of env ids to step apart (sub-pools, rebuilt at the next ``reset``)."""
         if count != len(self._groups.ranges):
             self._groups = SubPools(self.num_envs, count)
-            self._drop_pools()
+            self._pools = close_pools(self._pools)
         return [np.arange(lo, hi) for lo, hi in self._groups.ranges]
 
     @staticmethod
@@ -234,8 +234,5 @@ class AleVectorEnv:
             self._stats.finish(real_end, info, ids)
         return obs, reward, terminated, truncated, info, np.arange(lo, hi)
 
-    def _drop_pools(self) -> None:
-        self._pools = close_pools(self._pools)
-
     def close(self) -> None:
-        self._drop_pools()
+        self._pools = close_pools(self._pools)

@@ -135,20 +135,17 @@ class EnvPoolVectorEnv:
             raise FleetError("split() steps fixed groups of envs; it does not combine with first-ready batches (async_batch).")
         if count != len(self._groups.ranges):
             self._groups = SubPools(self.num_envs, count)
-            self._drop_pools()
+            self._pools = close_pools(self._pools)
         return [np.arange(lo, hi) for lo, hi in self._groups.ranges]
 
     def _build(self, seed: int) -> None:
-        self._drop_pools()
+        self._pools = close_pools(self._pools)
         count = len(self._groups.ranges)
         threads = max(1, self._num_threads // count) if self._num_threads else 0
         for lo, hi in self._groups.ranges:
             batch = self.async_batch if self.async_batch != self.num_envs else hi - lo
             self._pools.append(self._envpool.make(self.task_id, env_type="gymnasium", seed=int(seed) + lo, num_envs=hi - lo,
                                                   batch_size=batch, num_threads=threads, **self._kwargs))
-
-    def _drop_pools(self) -> None:
-        self._pools = close_pools(self._pools)
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         # EnvPool ignores reset(seed=...), and with episodic life its reset would not restart a game
@@ -277,4 +274,4 @@ class EnvPoolVectorEnv:
         return (*concat_results([self._held.pop(env) for env in batch]), np.array(batch))
 
     def close(self) -> None:
-        self._drop_pools()
+        self._pools = close_pools(self._pools)
