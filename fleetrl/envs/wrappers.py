@@ -69,8 +69,9 @@ class CheckOutputs(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.steps += 1
         self.episode_step += 1
-        # obs . obs is NaN or inf when a value is (or, rarely, when it overflows: then _inspect looks closer);
-        # for a small vector it costs half a sum (0.6 us)
+        # obs . obs is NaN or inf when a value is (or, rarely, when it overflows: then _inspect looks closer); for
+        # CartPole's 4 floats it is a third of a sum (python -m timeit -s "import numpy as np; o=np.random.rand(4)
+        # .astype(np.float32)" "o.dot(o)", then "o.sum()": 0.29 against 0.98 us on the AMD EPYC of 2026-12-05)
         if (type(obs) is not np.ndarray or obs.shape != self._shape or not math.isfinite(reward)
                 or (obs.dtype.kind == "f" and not math.isfinite(obs.dot(obs) if self._vector else np.add.reduce(obs, None)))):
             obs = self._inspect(obs, reward, "step")
