@@ -86,6 +86,31 @@ def test_bench_env_with_async_batch_measures_first_ready_backends_and_skips_one_
     assert "needs a backend that returns the first envs ready" in report["skipped"]["sync"], report["skipped"]
 
 
+def test_bench_env_plans_the_async_workers_with_the_batch_size_as_training_does(monkeypatch):
+    """On 2 cores, 8 envs in batches of 2: one worker per core would step 4 envs each, which no batch of 2 is made of,
+    so training plans 4 workers; bench-env plans them the same way instead of skipping the backend. The cores and the
+    measured step are fixed here, so the plan does not depend on this host."""
+    import fleetrl.tools.bench_env as bench_env
+    from fleetrl.envs import stepping
+    from fleetrl.envs.probe import StepCost
+
+    computes = StepCost(wall_us=5.0, cpu_us=5.0, steps=100)  # one step that computes: one worker per core, no threads
+    monkeypatch.setattr(stepping, "measure_step", lambda *a, **k: computes)
+    monkeypatch.setattr(auto, "measure_step", lambda *a, **k: computes)
+    monkeypatch.setattr(bench_env, "available_cores", lambda: 2)
+    proc = run_fleetrl_in_process("bench-env", "--env-id", "CartPole-v1", "--backends", "async", "--num-envs", "8",
+                                  "--async-batch", "2", "--seconds", "0.2", "--repeats", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["skipped"] == {} and [r["backend"] for r in report["results"]] == ["async"], report
+    envs = make_vector_env("CartPole-v1", 8, "async", async_batch=2, cores=2)  # what training builds for the same flags
+    try:
+        assert envs.stepping.workers == 4
+        assert report["results"][0]["stepping"] == envs.stepping.describe()
+    finally:
+        envs.close()
+
+
 def test_bench_envs_cpu_counts_each_process_of_the_tree_and_one_that_ended_meanwhile_drops_out():
     import subprocess
     import sys

@@ -5,8 +5,9 @@
 
 Random actions, no network: env steps/s (summed over envs), frames/s (Atari: x4 frame skip), the CPU utilisation
 and the memory (RSS) of the whole process tree, each the median of ``--repeats`` runs. The async backend's workers
-and stepping threads are planned once per number of envs from a measured step, as training plans them (or set with
-``--env-workers``/``--env-threads``); ``gym-async`` is gymnasium's AsyncVectorEnv, a process per env.
+and stepping threads are planned once per number of envs from a measured step and ``--async-batch``, by the function
+training plans them with (:func:`fleetrl.envs.stepping.plan_stepping`), or set with ``--env-workers``/``--env-threads``;
+``gym-async`` is gymnasium's AsyncVectorEnv, a process per env.
 """
 
 from __future__ import annotations
@@ -136,9 +137,10 @@ def bench_env(args: BenchEnvArgs, quiet: bool = False) -> dict:
             runs, cpus, rss = [], [], []
             try:
                 check_async_batch(n, args.async_batch, backend)  # a backend that steps all its envs together is skipped, saying so
-                # planned once per count, as a training run plans it (the plan measures a step)
-                stepping = (plan_stepping(args.env_id, family, n, available_cores(), workers=args.env_workers, threads=args.env_threads)
-                            if backend == "async" else None)
+                # planned once per count, as a training run plans it (the plan measures a step; with --async-batch, workers
+                # whose groups make up the batch)
+                stepping = (plan_stepping(args.env_id, family, n, available_cores(), workers=args.env_workers, threads=args.env_threads,
+                                          async_batch=args.async_batch) if backend == "async" else None)
                 for _ in range(args.repeats):
                     sps, cpu, mb = measure(args.env_id, backend, n, args.seconds, args.async_batch, stepping)
                     runs.append(sps)
