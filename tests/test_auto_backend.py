@@ -21,6 +21,21 @@ def test_expensive_python_envs_go_to_worker_processes_when_there_are_cores():
     assert choose_backend("fleetrl_test_envs:Busy-v0", family, num_envs=8, cores=1).backend == "sync"
 
 
+@pytest.mark.parametrize("step_us", [5.0, 5000.0], ids=["fast-step", "slow-step"])
+def test_env_threads_with_auto_runs_on_the_async_backend_whatever_the_step_measures(monkeypatch, step_us):
+    """--env-threads asks for the async backend's stepping threads: a fast step (quiet machine) and a slow one (the same
+    env under load) must give the same decision, not a run on one and a refusal on the other."""
+    from fleetrl.envs.probe import StepCost
+
+    monkeypatch.setattr(auto, "measure_step", lambda *a, **k: StepCost(wall_us=step_us, cpu_us=step_us, steps=100))
+    envs = make_vector_env("CartPole-v1", 4, "auto", cores=2, env_threads=2)
+    try:
+        assert envs.backend == "async" and "--env-threads 2" in envs.backend_reason
+        assert envs.stepping.threads == 2
+    finally:
+        envs.close()
+
+
 BREAKOUT = "BreakoutNoFrameskip-v4"
 
 

@@ -68,7 +68,8 @@ def make_vector_env(
     if backend == "auto":
         from fleetrl.envs.auto import choose_backend
 
-        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None, async_batch=async_batch)
+        choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None, async_batch=async_batch,
+                                env_threads=env_threads)
         backend, reason, cost = choice.backend, f"auto: {choice.reason}", choice.cost
         check_flags(num_envs, backend, env_workers, env_threads)
     if video_dir and backend not in ("sync", "async", "gym-sync", "gym-async"):

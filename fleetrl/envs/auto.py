@@ -4,6 +4,8 @@ command whatever the load, and say why.
 The decision tree (numbers measured on a 2-core machine, docs/backends.md and docs/benchmarks.md):
 
 1. Procgen ids exist only in EnvPool -> ``envpool``.
+   ``--env-threads T`` above 1 asks for stepping threads, which only the async backend's workers have -> ``async``,
+   before anything is measured: the flag decides, never the load.
 2. Atari: a C++ vector steps about 2x faster than Python wrappers (Breakout x8: sync 1.6k, ale 2.8-3.1k steps/s).
    ``ale`` when ale-py is installed and has the game, else ``envpool``. The two do not give the agent the same data
    for a seed (EnvPool drops the rewards of its hidden reset frames; ale's FIRE after a lost life is a visible step),
@@ -48,10 +50,13 @@ def choose_backend(
     cores: int | None = None,
     need_frames: bool = False,
     async_batch: int | None = None,
+    env_threads: int | None = None,
 ) -> BackendChoice:
     """``need_frames``: video capture renders Python envs, so the C++ backends are left out. ``async_batch`` below
     ``num_envs`` (first-ready batches) needs a backend that returns the first envs ready: async, or for Atari EnvPool
-    (ale only when the batch is half the envs)."""
+    (ale only when the batch is half the envs). ``env_threads`` above 1 (the flag) asks for stepping threads, which
+    only the async backend has: it is chosen whatever the step measures, so the same command never runs on a quiet
+    machine and is refused on a busy one."""
     from fleetrl.envs.native import native_backend_support
 
     cores = cores or available_cores()
@@ -60,6 +65,8 @@ def choose_backend(
     if family.name == "procgen":
         return BackendChoice("envpool", "Procgen envs exist only in EnvPool")
     first_ready = async_batch is not None and async_batch < num_envs
+    if env_threads is not None and env_threads > 1:
+        return BackendChoice("async", f"--env-threads {env_threads}: stepping threads run in the async backend's worker processes")
     if family.name == "atari":
         installed = [b for b in ATARI_CANDIDATES if native.get(b) and (not first_ready or b == "envpool" or 2 * async_batch == num_envs)]
         if installed:
