@@ -325,10 +325,15 @@ def find_postgres_bin() -> Path | None:
 
 @contextlib.contextmanager
 def postgres_server(address: str = "127.0.0.1", clients: str | None = None):
-    """A throwaway PostgreSQL server listening on ``address`` only, trusting ``clients`` (a CIDR such as 10.77.1.0/24,
-    besides loopback), as an unprivileged user (the server refuses root); yields its URL. Stopped when the block ends,
-    however it ends, and its processes checked gone. Skips where the server is not installed, except under CI=true."""
+    """A throwaway PostgreSQL server listening on ``address`` only, as an unprivileged user (the server refuses root);
+    yields its URL, which carries no password. Every route in (its socket, loopback, and ``clients``: a CIDR such as
+    10.77.1.0/24) asks for the superuser's password (scram-sha-256), a random one for each server: trusting them would
+    let any local user run commands as the server's OS user. The password is in a 0600 passfile that ``PGPASSFILE``
+    names while the block runs, so libpq finds it for this process and the ones it starts (and sbatch passes that
+    variable on to a job): it is never in a URL, an argv or a job script. Stopped when the block ends, however it ends,
+    and its processes checked gone. Skips where the server is not installed, except under CI=true."""
     import pwd
+    import secrets
     import shutil
     import socket
     import tempfile
@@ -351,22 +356,40 @@ def postgres_server(address: str = "127.0.0.1", clients: str | None = None):
         s.bind((address, 0))
         port = s.getsockname()[1]
     data, log = root / "data", root / "server.log"
+    password = secrets.token_urlsafe(24)  # letters, digits, - and _: nothing a passfile line must escape
     server: list[psutil.Process] = []
 
     def pg(*args) -> None:
         done = subprocess.run([bindir / args[0], *args[1:]], capture_output=True, text=True, cwd=root, **as_user)
         assert done.returncode == 0, f"{args[0]} failed ({done.returncode}): {done.stdout}{done.stderr}"
 
+    # the client's passfile, apart from the server's folder (the client may be another user than the server's)
+    fd, passfile = tempfile.mkstemp(prefix="fleetrl-pgpass-")  # 0600: libpq ignores a passfile others can read
+    with os.fdopen(fd, "w") as f:
+        f.write(f"*:{port}:*:postgres:{password}\n")
+    given_passfile = os.environ.get("PGPASSFILE")
     try:
-        pg("initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
+        pwfile = root / "pwfile"  # initdb sets the superuser's password from it: read by the server's user, then removed
+        pwfile.write_text(password + "\n")
+        pwfile.chmod(0o600)
+        if as_user:
+            os.chown(pwfile, as_user["user"], as_user["group"])
+        pg("initdb", "-D", data, "-U", "postgres", "--auth=scram-sha-256", f"--pwfile={pwfile}", "--no-sync", "-E", "UTF8")
+        pwfile.unlink()
         if clients is not None:
             with open(data / "pg_hba.conf", "a") as hba:
-                hba.write(f"host all all {clients} trust\n")
+                hba.write(f"host all all {clients} scram-sha-256\n")
         pg("pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "-o", f"-p {port} -h {address} -k {root} -F", "start")
         postmaster = psutil.Process(int((data / "postmaster.pid").read_text().split()[0]))
         server += [postmaster, *postmaster.children(recursive=True)]
+        os.environ["PGPASSFILE"] = passfile
         yield f"postgresql://postgres@{address}:{port}/postgres"
     finally:
+        if given_passfile is None:
+            os.environ.pop("PGPASSFILE", None)
+        else:
+            os.environ["PGPASSFILE"] = given_passfile
+        os.unlink(passfile)
         subprocess.run([bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"], capture_output=True, cwd=root, **as_user)
         _, left = psutil.wait_procs(server, timeout=30)
         for proc in left:
