@@ -476,3 +476,29 @@ class GlobalStateEnv(gym.Env):
 
 gym.register("GlobalState-v0", entry_point=GlobalStateEnv)  # found out by the thread-safety check
 gym.register("DeclaredThreadUnsafe-v0", entry_point=GlobalStateEnv, kwargs={"declare": False})
+
+
+class UnreproducibleEnv(gym.Env):
+    """An env that waits (a 2 ms sleep a step) and is not reproducible for a seed: its observations come from fresh OS
+    entropy, as a simulator seeded from the clock. Thread safety cannot be checked by comparing copies."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def _obs(self):
+        return np.random.default_rng().uniform(-1, 1, 2).astype(np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        import time
+
+        time.sleep(0.002)
+        self.t += 1
+        return self._obs(), 1.0, False, self.t >= 50, {}
+
+
+gym.register("Unreproducible-v0", entry_point=UnreproducibleEnv)

@@ -81,6 +81,16 @@ def test_a_thread_unsafe_env_never_steps_beside_another_in_its_process(env_id):
         envs.close()
 
 
+def test_an_env_whose_thread_safety_cannot_be_checked_gets_processes_and_says_why():
+    """Not reproducible for a seed, so copies cannot be compared: unknown counts as unsafe (processes only), not as safe."""
+    env_id = "fleetrl_test_envs:Unreproducible-v0"
+    plan = plan_stepping(env_id, env_family(env_id), 16, cores=2, cost=WAITS, free_memory=2**40)
+    assert plan.threads == 1 and plan.workers == 16, plan
+    assert "not reproducible for a seed" in plan.reason and "processes only" in plan.reason, plan.reason
+    chosen = plan_stepping(env_id, env_family(env_id), 16, cores=2, cost=WAITS, threads=4)  # the flag still decides
+    assert chosen.threads == 4
+
+
 def test_a_thread_safe_env_that_waits_steps_side_by_side():
     envs = make_vector_env("fleetrl_test_envs:Barrier-v0", 8, "async", env_workers=2)
     try:

@@ -9,7 +9,8 @@ one step does, measured at start, not by the core count alone.
   than a process, but a process's threads take turns on its GIL before and after each wait.
 * An env that is not safe to step from several threads (it says ``metadata["thread_safe"] = False``, or two copies
   stepped at once from two threads disagree with one stepped alone) gets processes only, at most as many as fit in a
-  quarter of the free memory.
+  quarter of the free memory. So does an env whose thread safety could not be checked (it is not reproducible for a
+  seed): threads on a wrong guess would corrupt its data without a sign, processes only cost memory.
 
 ``--env-workers N`` and ``--env-threads T`` override the plan (docs/backends.md, "Envs that wait").
 """
@@ -118,7 +119,8 @@ def _plan(env_id: str, family: EnvFamily, num_envs: int, cores: int, cost: StepC
 
 
 def _thread_safety(env_id: str, family: EnvFamily) -> tuple[bool | None, str]:
-    """Whether copies of the env may step from several threads at once, and how that was found out."""
+    """Whether copies of the env may step from several threads at once (False also when that cannot be told), and how
+    that was found out."""
     env = EnvFactory(env_id, family.name)()
     try:
         declared = declared_thread_safe(env)
@@ -129,8 +131,9 @@ def _thread_safety(env_id: str, family: EnvFamily) -> tuple[bool | None, str]:
     alike = steps_alike_in_threads(env_id, family)
     if alike is False:
         return False, "two copies stepped at once from two threads disagreed with one stepped alone (not thread-safe)"
-    if alike is None:
-        return None, "(not reproducible for a seed, so thread safety was not checked; --env-threads 1 keeps it to processes)"
+    if alike is None:  # unknown counts as unsafe: threads on a wrong guess corrupt data silently, processes only cost memory
+        return False, ('it is not reproducible for a seed, so its thread safety could not be checked (declare '
+                       'metadata["thread_safe"] = True in the env, or pass --env-threads, to step it in threads)')
     return True, ""
 
 
