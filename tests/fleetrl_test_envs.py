@@ -502,3 +502,29 @@ class UnreproducibleEnv(gym.Env):
 
 
 gym.register("Unreproducible-v0", entry_point=UnreproducibleEnv)
+
+
+class HangingEnv(gym.Env):
+    """Steps normally (a 1 ms sleep a step) until the ``hang_at``-th step of this copy's life, which never returns (it
+    sleeps for good): an env that hangs, for the bounds of the start-up probes (fleetrl/envs/probe.py)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, hang_at: int = 1):
+        self.hang_at, self.steps = hang_at, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        import time
+
+        self.steps += 1
+        time.sleep(1e6 if self.steps >= self.hang_at else 0.001)
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+gym.register("HangsAtOnce-v0", entry_point=HangingEnv, kwargs={"hang_at": 1})
+gym.register("HangsLater-v0", entry_point=HangingEnv, kwargs={"hang_at": 6})

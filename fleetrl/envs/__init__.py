@@ -69,7 +69,7 @@ def make_vector_env(
         from fleetrl.envs.auto import choose_backend
 
         choice = choose_backend(env_id, family, num_envs, cores, need_frames=video_dir is not None, async_batch=async_batch,
-                                env_threads=env_threads)
+                                env_threads=env_threads, env_timeout=env_timeout)
         backend, reason, cost = choice.backend, f"auto: {choice.reason}", choice.cost
         check_flags(num_envs, backend, env_workers, env_threads)
     if video_dir and backend not in ("sync", "async", "gym-sync", "gym-async"):
@@ -78,7 +78,8 @@ def make_vector_env(
     stepping = None
     if backend == "async":
         stepping = plan_stepping(env_id, family, num_envs, cores, cost, env_workers, env_threads,
-                                 per_core_workers=threads.env_workers if threads is not None else None, async_batch=async_batch)
+                                 per_core_workers=threads.env_workers if threads is not None else None, async_batch=async_batch,
+                                 env_timeout=env_timeout)
         workers = stepping.workers
     else:
         workers = min(env_workers or (threads.env_workers if threads is not None else cores), num_envs)

@@ -1,14 +1,22 @@
 """Measurements of an env before training: what one step costs (wall time, and how much of it is CPU), whether copies
 of it may step from several threads at once, and a random-action stepper of vector envs. ``--env-backend auto``, the
-stepping plan (:mod:`fleetrl.envs.stepping`) and ``fleetrl bench-env`` are built on them."""
+stepping plan (:mod:`fleetrl.envs.stepping`) and ``fleetrl bench-env`` are built on them.
+
+Every probe is bounded as training is: each call of the env (a step or a reset) gets ``--env-timeout`` seconds, its
+construction at least ``MIN_BUILD_TIMEOUT_S`` (as the async backend's workers get). The probe runs in a thread of its
+own, and the caller stops waiting for it when one call overruns: a hung env then ends the start with a clear error or
+a safe choice, with the reason, instead of hanging it. The hung thread is left with the probe's copies of the env
+until the process exits (a thread cannot be killed).
+"""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +27,72 @@ from fleetrl.errors import EnvOutputError, FleetError
 PROBE_SECONDS = 1.0  # the longest a step probe runs (it stops earlier at PROBE_MAX_STEPS)
 PROBE_MAX_STEPS = 2000
 THREAD_CHECK_STEPS = 12  # steps each copy takes in the thread-safety check
+ENV_TIMEOUT_S = 60.0  # what one env call of a probe may take when the caller gives no --env-timeout (its default)
+WATCH_POLL_S = 0.05  # how often the caller checks the probe's calls against their deadlines
+
+T = TypeVar("T")
+
+
+class ProbeHung(FleetError):
+    """A call of the env in a probe gave no answer within its time (an env that hangs)."""
+
+    def __init__(self, what: str, timeout: float):
+        super().__init__(f"its {what} gave no answer within {timeout:g} s")
+        self.what, self.timeout = what, timeout
+
+
+class Watch:
+    """The deadlines of the env calls that a probe's threads are in: the probe makes each call through :meth:`call`, and
+    :func:`run_bounded` gives up on the probe when one of them is overdue."""
+
+    def __init__(self, env_timeout: float | None):
+        from fleetrl.envs.shm.supervisor import MIN_BUILD_TIMEOUT_S  # the time an env worker gets to build its envs
+
+        self.env_timeout = env_timeout or None  # 0 or None: wait forever, as --env-timeout 0 asks
+        self.build_timeout = max(env_timeout, MIN_BUILD_TIMEOUT_S) if env_timeout else None
+        self._calls: dict[int, tuple[float, str, float]] = {}  # thread ident -> (deadline, what, timeout)
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)``, an env call named ``what`` ("construction", "reset", "step"), under its deadline."""
+        timeout = self.build_timeout if what == "construction" else self.env_timeout
+        if timeout is None:
+            return fn(*args, **kwargs)
+        me = threading.get_ident()
+        self._calls[me] = (time.monotonic() + timeout, what, timeout)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._calls.pop(me, None)
+
+    def overdue(self) -> ProbeHung | None:
+        now = time.monotonic()
+        for deadline, what, timeout in list(self._calls.values()):
+            if now > deadline:
+                return ProbeHung(what, timeout)
+        return None
+
+
+def run_bounded(probe: Callable[[Watch], T], env_timeout: float | None, name: str = "fleetrl-env-probe") -> T:
+    """``probe(watch)`` in a daemon thread: its result or its error, or :class:`ProbeHung` as soon as one of the env calls
+    it makes through ``watch`` is overdue (the thread is then left behind, see the module's docstring)."""
+    watch, outcome = Watch(env_timeout), {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = probe(watch)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(WATCH_POLL_S)
+        hung = watch.overdue()
+        if hung is not None and thread.is_alive():
+            raise hung
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +103,7 @@ class StepCost:
     wall_us: float
     cpu_us: float
     steps: int
+    note: str = ""  # what cut the measurement short, said with it
 
     @property
     def cpu_share(self) -> float:
@@ -36,7 +111,7 @@ class StepCost:
 
     def describe(self) -> str:
         """e.g. ``one step takes 5,120 us, 4% of it CPU``."""
-        return f"one step takes {self.wall_us:,.0f} us, {self.cpu_share:.0%} of it CPU"
+        return f"one step takes {self.wall_us:,.0f} us, {self.cpu_share:.0%} of it CPU" + (f" ({self.note})" if self.note else "")
 
 
 def random_actions(space: gym.Space, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -47,35 +122,54 @@ def random_actions(space: gym.Space, count: int, rng: np.random.Generator) -> np
     raise FleetError(f"fleetrl cannot sample random actions of {space} to measure the env; choose --env-backend yourself.")
 
 
-def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS) -> StepCost:
+def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS, env_timeout: float | None = ENV_TIMEOUT_S) -> StepCost:
     """What one step of ``env_id`` costs (resets excluded), from at most ``seconds`` of stepping one copy. An env that
-    raises after some steps is measured on those (training meets the error in its own envs, which the async backend
-    restarts); one that raises before its first step ends here with a clear error."""
-    env = EnvFactory(env_id, family.name)()
-    walls, cpu = [], 0.0
+    raises or hangs (no answer within ``env_timeout``, the flag) after some steps is measured on those, and the cost
+    says so (training meets the error in its own envs, which the async backend restarts); one that raises or hangs
+    before its first step ends here with a clear error."""
+    walls: list[float] = []
+    cpu: list[float] = []
+
+    def probe(watch: Watch) -> None:
+        env = watch.call("construction", EnvFactory(env_id, family.name))
+        try:
+            watch.call("reset", env.reset, seed=0)
+            env.action_space.seed(0)
+            deadline = time.perf_counter() + seconds
+            while time.perf_counter() < deadline and len(walls) < PROBE_MAX_STEPS:
+                action = env.action_space.sample()
+                c0, t0 = time.thread_time(), time.perf_counter()
+                _, _, terminated, truncated, _ = watch.call("step", env.step, action)
+                walls.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+                if terminated or truncated:
+                    watch.call("reset", env.reset)
+        finally:
+            watch.call("close", env.close)
+
+    how_to_skip = ("choose --env-backend and, for async, --env-workers and --env-threads yourself (nothing is measured then, "
+                   "and the async backend restarts a worker whose env hangs)")
+    note = ""
     try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline and len(walls) < PROBE_MAX_STEPS:
-            action = env.action_space.sample()
-            c0, t0 = time.thread_time(), time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(action)
-            walls.append(time.perf_counter() - t0)
-            cpu += time.thread_time() - c0
-            if terminated or truncated:
-                env.reset()
+        run_bounded(probe, env_timeout, name="fleetrl-step-probe")
     except EnvOutputError as exc:  # a NaN or a wrong shape: the env is at fault whichever backend runs it
         raise EnvOutputError(f"{exc} (Found while fleetrl timed the env's steps with random actions before training, to choose "
                              f"--env-backend auto and the env workers.)") from None
+    except ProbeHung as exc:
+        if not walls:
+            raise FleetError(f"The env {env_id} hung while fleetrl timed it before training: {exc} (--env-timeout). Fix the "
+                             f"env (it must build, reset and step with random actions), raise --env-timeout if it really takes "
+                             f"that long, or {how_to_skip}.") from None
+        note = f"measured on {len(walls)} steps: then {exc}"
+        print(f"fleetrl: warning: the env {env_id} hung while fleetrl timed it before training: {exc} (--env-timeout); "
+              f"its cost is measured on the {len(walls)} steps before.", file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001 - the env's own error: said in one paragraph, or measured around
         if not walls:
             raise FleetError(f"The env {env_id} raised before its first step was done, while fleetrl timed it before training: "
                              f"{type(exc).__name__}: {exc}. Fix the env (it must reset and step with random actions), or "
-                             f"choose --env-backend and, for async, --env-workers and --env-threads yourself.") from None
-    finally:
-        env.close()
-    return StepCost(float(np.median(walls) * 1e6), cpu / len(walls) * 1e6, len(walls))
+                             f"{how_to_skip}.") from None
+    walls, cpu = walls[: len(cpu)], cpu[: len(walls)]  # (a step the probe was in when it was left: one list may be ahead)
+    return StepCost(float(np.median(walls) * 1e6), sum(cpu) / len(walls) * 1e6, len(walls), note)
 
 
 def declared_thread_safe(env: gym.Env) -> bool | None:
@@ -84,16 +178,24 @@ def declared_thread_safe(env: gym.Env) -> bool | None:
     return None if value is None else bool(value)
 
 
-def steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int = THREAD_CHECK_STEPS) -> bool | None:
+def steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int = THREAD_CHECK_STEPS,
+                           env_timeout: float | None = ENV_TIMEOUT_S) -> bool | None:
     """Whether two copies stepped at once from two threads give exactly what one copy gives alone, for the same seed
     and actions (True), or not (False: state shared between copies, as in a C library with globals). None when two
-    runs alone already differ: the env is not reproducible, so the check cannot tell."""
-    copies = [EnvFactory(env_id, family.name)() for _ in range(3)]
+    runs alone already differ: the env is not reproducible, so the check cannot tell. Raises :class:`ProbeHung` when
+    an env call takes longer than ``env_timeout`` (its construction at least the workers' build time)."""
+    return run_bounded(lambda watch: _steps_alike_in_threads(env_id, family, steps, watch), env_timeout, name="fleetrl-thread-check")
+
+
+def _steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int, watch: Watch) -> bool | None:
+    copies: list[gym.Env] = []
     try:
+        for _ in range(3):
+            copies.append(watch.call("construction", EnvFactory(env_id, family.name)))
         copies[0].action_space.seed(0)
         actions = [copies[0].action_space.sample() for _ in range(steps)]
         try:
-            alone = [_trajectory(copies[0], actions), _trajectory(copies[0], actions)]
+            alone = [_trajectory(copies[0], actions, watch), _trajectory(copies[0], actions, watch)]
         except Exception:  # noqa: BLE001 - an env that fails alone cannot be checked here; training meets its error
             return None
         if not _same(*alone):
@@ -104,7 +206,7 @@ def steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int = THREAD_C
         def run(k: int) -> None:
             try:
                 start.wait(timeout=30)
-                together[k] = _trajectory(copies[k + 1], actions)
+                together[k] = _trajectory(copies[k + 1], actions, watch)
             except Exception as exc:  # noqa: BLE001 - an env that breaks when stepped beside another is not thread-safe
                 together[k] = exc
 
@@ -112,20 +214,20 @@ def steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int = THREAD_C
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join()  # bounded by the watch: run_bounded leaves this thread when a copy's call is overdue
         return all(not isinstance(t, Exception) and _same(alone[0], t) for t in together)
     finally:
         for env in copies:
-            env.close()
+            watch.call("close", env.close)
 
 
-def _trajectory(env: gym.Env, actions: list[Any]) -> list[tuple]:
-    out = [(np.array(env.reset(seed=0)[0], copy=True),)]
+def _trajectory(env: gym.Env, actions: list[Any], watch: Watch) -> list[tuple]:
+    out = [(np.array(watch.call("reset", env.reset, seed=0)[0], copy=True),)]
     for action in actions:
-        obs, reward, terminated, truncated, _ = env.step(action)
+        obs, reward, terminated, truncated, _ = watch.call("step", env.step, action)
         out.append((np.array(obs, copy=True), float(reward), bool(terminated), bool(truncated)))
         if terminated or truncated:
-            out.append((np.array(env.reset()[0], copy=True),))
+            out.append((np.array(watch.call("reset", env.reset)[0], copy=True),))
     return out
 
 
