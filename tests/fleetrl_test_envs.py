@@ -528,3 +528,27 @@ class HangingEnv(gym.Env):
 
 gym.register("HangsAtOnce-v0", entry_point=HangingEnv, kwargs={"hang_at": 1})
 gym.register("HangsLater-v0", entry_point=HangingEnv, kwargs={"hang_at": 6})
+
+
+class ProcessProbeEnv(gym.Env):
+    """Obs ``[pid, parent pid, SIGTERM ignored]`` of the process that steps it: tells how a backend started its workers
+    (forked from the trainer, with its signal handlers, or by fleetrl's forkserver, ignoring SIGTERM from birth)."""
+
+    observation_space = gym.spaces.Box(0, np.inf, (3,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def _obs(self):
+        import os
+        import signal
+
+        return np.array([os.getpid(), os.getppid(), float(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)], np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        return self._obs(), 0.0, False, False, {}
+
+
+gym.register("ProcessProbe-v0", entry_point=ProcessProbeEnv)

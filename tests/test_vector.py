@@ -83,3 +83,24 @@ def test_unknown_env_id_names_the_closest_registered_ids():
         env_family("CartPol-v1")
     with pytest.raises(FleetError, match="no_such_module"):
         env_family("no_such_module:Foo-v0")
+
+
+def test_gym_async_workers_start_as_every_child_does_never_forked_from_the_trainer():
+    """gymnasium's AsyncVectorEnv forks by default: a fork of the trainer, which runs threads by then, with its signal
+    handlers. fleetrl's children come from the forkserver (fleetrl/processes.py) and ignore SIGTERM from birth."""
+    import os
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a trainer's handler, as fleetrl.run installs one
+    envs = None
+    try:
+        envs = make_vector_env("fleetrl_test_envs:ProcessProbe-v0", 2, "gym-async")
+        obs, _ = envs.reset(seed=0)
+        pids, parents, ignores_sigterm = obs.T
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        assert os.getpid() not in parents, "the workers were forked from this process"
+        assert ignores_sigterm.tolist() == [1.0, 1.0]
+    finally:
+        if envs is not None:
+            envs.close()
+        signal.signal(signal.SIGTERM, previous)

@@ -187,11 +187,21 @@ class GymSyncVectorEnv:
         self._envs.close()
 
 
+def _gym_async_vector(env_fns: list[Callable[[], gym.Env]], **kwargs: Any) -> gym.vector.AsyncVectorEnv:
+    """gymnasium's AsyncVectorEnv with its processes started as every child of the trainer is (fleetrl/processes.py):
+    by the forkserver, ignoring SIGTERM and Ctrl-C from birth. gymnasium's default, a fork, would copy the trainer,
+    its running threads (a fork of a multi-threaded process can deadlock the child) and its signal handlers."""
+    from fleetrl.processes import context
+
+    return gym.vector.AsyncVectorEnv(env_fns, context=context().get_start_method(), **kwargs)
+
+
 class GymAsyncVectorEnv(GymSyncVectorEnv):
     """gymnasium's ``AsyncVectorEnv`` (a process per env, observations in shared memory) in same-step autoreset mode:
-    the baseline a plain CleanRL loop uses for envs that wait, compared by ``fleetrl bench-env``."""
+    the baseline a plain CleanRL loop uses for envs that wait, compared by ``fleetrl bench-env``. Its processes come
+    from fleetrl's forkserver, as the async backend's workers do."""
 
-    _gym_vector = gym.vector.AsyncVectorEnv
+    _gym_vector = staticmethod(_gym_async_vector)
     _name = "gym-async"
 
 
