@@ -272,3 +272,27 @@ def test_close_after_restarts_leaves_no_worker_processes(tmp_path):
     # What may remain is multiprocessing's own forkserver and resource tracker, shared by the process.
     new = [p for p in me.children(recursive=True) if p.pid not in before and not gone(p.pid)]
     assert all("multiprocessing" in " ".join(p.cmdline()) for p in new), [p.cmdline() for p in new]
+
+
+def test_closing_a_worker_hung_in_a_step_kills_it_once_the_grace_is_over(tmp_path, monkeypatch):
+    """Workers ignore SIGTERM (fleetrl/forkserver_init.py), so close() has no SIGTERM stage to wait through: a worker
+    that has not exited when the grace is over is SIGKILLed then. (With a SIGTERM stage, a hung worker's close took the
+    grace plus the second that stage waited, for nothing.) The others exit on their own."""
+    from fleetrl.envs.shm import supervisor
+
+    monkeypatch.setattr(supervisor, "CLOSE_GRACE_S", 0.5)
+    hung = tmp_path / "hung"
+    envs = SharedMemoryVectorEnv(flaky(4, {2: {"fail_on_step": 1, "how": "hang", "once_file": str(hung)}}), num_workers=2,
+                                 env_timeout=None)
+    procs = [w.proc for w in envs._workers]
+    envs.reset(seed=0)
+    envs.send(np.zeros(4, np.int64))
+    deadline = time.monotonic() + 30
+    while not hung.exists():  # env 2 is in its step for good
+        assert time.monotonic() < deadline, "env 2 never began its step"
+        time.sleep(0.01)
+    start = time.monotonic()
+    envs.close()
+    took = time.monotonic() - start
+    assert procs[0].exitcode == 0 and procs[1].exitcode == -signal.SIGKILL, [p.exitcode for p in procs]
+    assert took < supervisor.CLOSE_GRACE_S + 0.9, f"close took {took:.2f} s with a grace of 0.5 s"

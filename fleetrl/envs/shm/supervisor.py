@@ -34,7 +34,7 @@ from fleetrl.envs.shm.worker import CLOSE, OK, RESET, STEP, THREAD_VARS, worker_
 from fleetrl.errors import EnvWorkerError, FleetError
 
 READ_SIZE = 4096  # a multiple of the 4-byte record, so a read never splits one
-CLOSE_GRACE_S = 2.0  # close(): time for workers to exit on their own before SIGTERM, then SIGKILL
+CLOSE_GRACE_S = 2.0  # close(): time for workers to close their envs and exit on their own before SIGKILL
 ERROR_MESSAGE_WAIT_S = 5.0  # how long to wait for a failed worker's traceback
 KILL_WAIT_S = 5.0  # a restart waits this long for a SIGKILLed worker to go (else close() reaps it)
 # A (re)started worker imports its env's modules and builds its envs (ROMs, simulators) before it
@@ -410,7 +410,9 @@ class Supervisor:
 
 
 def shutdown_workers(workers: list[Worker], other_conns: list[Connection], retired: list[mp.process.BaseProcess]) -> None:
-    """Ask every worker to exit, then SIGTERM and SIGKILL the ones that do not; reap them, close the pipes.
+    """Ask every worker to exit (it closes its envs), SIGKILL the ones that have not within ``CLOSE_GRACE_S``; reap
+    them, close the pipes. There is no SIGTERM stage: workers ignore SIGTERM from birth (fleetrl/forkserver_init.py),
+    so a worker still there after the grace is stuck (an env that hangs), and only SIGKILL ends it.
 
     Shared by ``close()`` and the finalizer (which also runs at exit), so it must not reference the supervisor. The
     records are the supervisor's own, which a restart updates in place, so this always sees the current processes;
@@ -426,14 +428,10 @@ def shutdown_workers(workers: list[Worker], other_conns: list[Connection], retir
     deadline = time.monotonic() + CLOSE_GRACE_S
     for worker in started:
         worker.proc.join(max(0.0, deadline - time.monotonic()))
-    for worker in started:
-        if worker.proc.is_alive():
-            worker.proc.terminate()
     for proc in [w.proc for w in started] + retired:
-        proc.join(1.0)
         if proc.is_alive():
             proc.kill()
-            proc.join()
+        proc.join(KILL_WAIT_S)  # bounded: one stuck in the kernel can outlive SIGKILL a while, and close must not hang
     for conn in [c for w in started for c in (w.cmd_conn, w.err_conn)] + other_conns:
         try:
             conn.close()

@@ -209,7 +209,8 @@ class SharedMemoryVectorEnv:
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
-        """Stop every worker (politely, then SIGTERM, then SIGKILL) and release the pipes."""
+        """Stop every worker (asked to close its envs and exit, then after ``CLOSE_GRACE_S`` SIGKILL: workers ignore
+        SIGTERM) and release the pipes."""
         if self._supervisor is not None:
             self._supervisor.close()
 
