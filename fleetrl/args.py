@@ -63,7 +63,7 @@ class CommonArgs:
     keep_checkpoints: int = 3
     """how many of the newest checkpoints to keep"""
     resume: str | None = None
-    """a checkpoint file or run folder to continue from; `auto` resumes the newest checkpoint in --run-dir if there is one"""
+    """a checkpoint file or run folder to continue from, in its run folder unless --run-dir says (a custom env id it saved needs --env-id); `auto` resumes the newest checkpoint in --run-dir if there is one"""
     torch_threads: int | None = None
     """torch CPU threads for this process [cores / processes on this machine]"""
     progress: bool = True

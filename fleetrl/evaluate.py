@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import tyro
 from fleetrl import checkpoint, config, runtime
 from fleetrl.algos import ALGOS
 from fleetrl.envs import episode_stats, make_vector_env
+from fleetrl.envs.registry import env_id_for_checkpoint
 from fleetrl.errors import FleetError
 
 
@@ -32,6 +34,8 @@ class EvalArgs:
     """print the result as JSON"""
     capture_video: bool = False
     """record every evaluation episode as MP4 next to the checkpoint's run (`videos_eval`)"""
+    env_id: str | None = None
+    """the env to evaluate on [the checkpoint's]; a custom id (`module:Env-v0`) saved in a checkpoint is used only when given here too, since importing the module runs its code"""
 
 
 RANGES = {
@@ -46,6 +50,7 @@ def evaluate(args: EvalArgs) -> dict:
     config.check_ranges(args, RANGES)
     state, path = load(args.checkpoint)
     train_args = state["args"]
+    env_id = env_id_for_checkpoint(train_args["env_id"], args.env_id, str(path), f"fleetrl eval {shlex.quote(args.checkpoint)}")
     runtime.seed_everything(args.seed, True)
     runtime.set_torch_threads(None)
     algo = importlib.import_module(f"fleetrl.algos.{state.get('algo', 'ppo')}")
@@ -53,15 +58,16 @@ def evaluate(args: EvalArgs) -> dict:
     run_dir = path.parent.parent if path.parent.name == checkpoint.CHECKPOINT_DIR else path.parent
     video_dir = str(run_dir / "videos_eval") if args.capture_video else None
     # one env, without the training-only wrappers (episodic life, reward clipping)
-    envs = make_vector_env(train_args["env_id"], 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"),
+    envs = make_vector_env(env_id, 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"),
                            video_dir=video_dir, every_episode=True, frame_stack=train_args.get("frame_stack"))
     returns, lengths = [], []
     try:
         try:
             policy = algo.policy_from_checkpoint(state, envs, deterministic=not args.stochastic)
         except (KeyError, RuntimeError, ValueError, TypeError) as exc:  # missing or misshapen tensors
-            raise FleetError(f"The network in {path} does not fit {train_args['env_id']} ({str(exc).splitlines()[0]}). "
-                             f"The checkpoint is damaged or was edited: evaluate another checkpoint of its run.") from None
+            fix = ("The checkpoint is damaged or was edited: evaluate another checkpoint of its run." if env_id == train_args["env_id"]
+                   else f"It was trained on {train_args['env_id']!r}: evaluate it on an env with the same observations and actions.")
+            raise FleetError(f"The network in {path} does not fit {env_id} ({str(exc).splitlines()[0]}). {fix}") from None
         obs, _ = envs.reset(seed=args.seed)
         starts = np.ones(envs.num_envs, bool)  # a recurrent policy starts each episode from a fresh state
         while len(returns) < args.episodes:
@@ -78,7 +84,7 @@ def evaluate(args: EvalArgs) -> dict:
                 extra.unlink()
     result = {
         "checkpoint": str(path),
-        "env_id": train_args["env_id"],
+        "env_id": env_id,
         "global_step": state["global_step"],
         "episodes": len(returns),
         "mean_return": float(np.mean(returns)),

@@ -3,7 +3,8 @@ checkpoints, stop signals and teardown.
 
 ``Run.start`` does, in order: join the torchrun job (if any); on rank 0, find and safely load the
 checkpoint to resume (``--resume PATH`` or ``--resume auto``) and broadcast it; merge the saved
-arguments with the flags given again; fill the env family's defaults; validate; split the global
+arguments with the flags given again (a checkpoint never picks a module to import or a folder to write:
+``_resumed_args``); fill the env family's defaults; validate; split the global
 ``--num-envs`` over the ranks; pick the run folder (and check that it can be written), the seeds, the
 thread plan (``run.threads``: torch's threads are set here, the env workers by
 ``make_vector_env(threads=run.threads)``) and the device; and catch SIGTERM and Ctrl-C.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -37,6 +39,7 @@ from fleetrl.cores import available_cores
 from fleetrl.args import DIST_TIMEOUT
 from fleetrl.distributed import Dist, init_distributed, launched_by_torchrun, rank_seed, split_evenly
 from fleetrl.envs import EnvFamily, env_family, make_vector_env
+from fleetrl.envs.registry import env_id_for_checkpoint
 from fleetrl.envs.spaces import check_spaces
 from fleetrl.errors import FleetError, NonFiniteLossError
 from fleetrl.learner import Learner
@@ -110,8 +113,7 @@ class Run:
         # rank 0 finds and loads the checkpoint, each rank verifies its own shard of it; everyone gets it (or the same error)
         resumed = _load_resume(args, algo, dist)
         if resumed is not None:
-            args = config.merge_resumed_args(args, resumed["args"], explicit | {"resume", "run_dir"})
-            args.run_dir = args.run_dir or resumed["args"]["run_dir"]
+            args = _resumed_args(args, resumed, explicit, algo)
         family = env_family(args.env_id)
         args = config.apply_family_defaults(args, family_defaults, family.name, algo)
         validate(args, dist.world_size)
@@ -450,6 +452,26 @@ def _check_writable(run_dir: str) -> str | None:
         return (f"The run folder {run_dir} cannot be written ({exc.strerror or exc}). Choose a --run-dir on a writable disk "
                 f"with free space (logs and checkpoints go there).")
     return None
+
+
+def _resumed_args(args: Any, resumed: dict[str, Any], explicit: set[str], algo: str) -> Any:
+    """A resumed run's arguments: the checkpoint's, less the flags given again. Two things a checkpoint (which may come
+    from anyone) never chooses: a module to import (a saved custom env id is used only when ``--env-id`` names one) and
+    where the run writes. Without ``--run-dir`` that is the run folder the checkpoint lies in (``RUN/checkpoints/``),
+    never the folder saved in it; a checkpoint file kept elsewhere needs ``--run-dir``."""
+    saved = resumed["args"]
+    args = config.merge_resumed_args(args, saved, explicit | {"resume", "run_dir"})
+    if isinstance(saved.get("env_id"), str):
+        args.env_id = env_id_for_checkpoint(saved["env_id"], args.env_id if "env_id" in explicit else None, resumed["_path"],
+                                            f"fleetrl train {algo} --resume {shlex.quote(args.resume)} ...")
+    if args.run_dir is None:
+        path = Path(resumed["_path"])
+        if path.parent.name != checkpoint.CHECKPOINT_DIR:
+            raise FleetError(f"--resume {args.resume}: this checkpoint file is not in a run's {checkpoint.CHECKPOINT_DIR}/ folder, so "
+                             f"it names no run folder to go on in (the one saved in it is not used: fleetrl writes only where you "
+                             f"say). Add --run-dir FOLDER for the run's logs and checkpoints.")
+        args.run_dir = str(path.parent.parent)
+    return args
 
 
 def _load_resume(args: Any, algo: str, dist: Dist) -> dict[str, Any] | None:

@@ -46,7 +46,7 @@ def fixed_start_run(tmp_path_factory):
 
 
 def evaluate(run_dir, *flags: str) -> dict:
-    proc = run_fleetrl("eval", str(run_dir), "--episodes", "6", "--json", *flags, timeout=240)
+    proc = run_fleetrl("eval", str(run_dir), "--env-id", FIXED, "--episodes", "6", "--json", *flags, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -184,7 +184,7 @@ def test_odd_observations_train(env_id, backend, tmp_path):
 @pytest.mark.slow
 def test_a_uint8_vector_policy_evaluates(tmp_path):
     assert train("Uint8Obs-v0", "sync", tmp_path / "run").returncode == 0
-    proc = run_fleetrl("eval", str(tmp_path / "run"), "--episodes", "1", "--env-backend", "sync", timeout=120)
+    proc = run_fleetrl("eval", str(tmp_path / "run"), "--env-id", ODD + "Uint8Obs-v0", "--episodes", "1", "--env-backend", "sync", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

@@ -64,7 +64,7 @@ def test_planted_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoin
     assert "Traceback" not in proc.stderr
     last_good = checkpoint.load_checkpoint(run_dir)
     assert int(last_good["iteration"]) == 11
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "2", timeout=120)
+    evaluated = run_fleetrl("eval", str(run_dir), "--env-id", "fleetrl_test_envs:HugeReward-v0", "--episodes", "2", timeout=120)
     assert evaluated.returncode == 0, evaluated.stderr
 
 

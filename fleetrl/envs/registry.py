@@ -14,6 +14,7 @@ import importlib
 import multiprocessing
 import os
 import re
+import shlex
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -53,6 +54,26 @@ def import_env_module(env_id: str) -> str:
                 f"Make the module importable (install its package, or add its folder to PYTHONPATH)."
             ) from None
     return name
+
+
+def env_id_for_checkpoint(saved: str, given: str | None, checkpoint: str, command: str) -> str:
+    """The env id a checkpoint is used with: ``given`` (the command line's ``--env-id``) when there is one, else the
+    checkpoint's ``saved`` one, unless that names a module (``module:Env-v0``). Importing a module runs its code, and a
+    checkpoint may come from anyone (under ``python -m fleetrl`` a ``.py`` file beside it in the current folder is
+    importable), so fleetrl imports a module only when the user names it. ``command``: the command to suggest, less
+    the ``--env-id`` flag it needs."""
+    if given is not None:
+        return given
+    module, _ = split_custom_id(saved)
+    if module is None:
+        return saved
+    named = f" {shlex.quote(saved)}" if saved.isprintable() else ""
+    raise FleetError(
+        f"The checkpoint {checkpoint} was trained on the env id {saved!r}, which asks fleetrl to import the Python module "
+        f"{module!r}, and importing runs its code. fleetrl imports a module only when you name it, never because a "
+        f"checkpoint does. If you trust that module (where Python finds it: the current folder under `python -m fleetrl`, "
+        f"then PYTHONPATH and your installed packages), name it yourself: {command} --env-id{named or ' MODULE:ENV_ID'}."
+    )
 
 
 def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
