@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 
@@ -164,22 +166,27 @@ for _id, _kwargs in {
 
 class StatelessEnv(gym.Env):
     """The same observation every step, reward 1 for action 1, and no episode end: a run that restarts its
-    episodes on resume sees exactly what an uninterrupted run sees, so an exact resume gives identical weights."""
+    episodes on resume sees exactly what an uninterrupted run sees, so an exact resume gives identical weights.
+    ``delay``: each step also sleeps this long, so a tiny run lasts a known wall time however fast the host is."""
 
-    def __init__(self):
+    def __init__(self, delay: float = 0.0):
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.obs = np.array([0.1, -0.2, 0.3, 0.5], np.float32)
+        self.delay = delay
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         return self.obs.copy(), {}
 
     def step(self, action):
+        if self.delay:
+            time.sleep(self.delay)
         return self.obs.copy(), float(action == 1), False, False, {}
 
 
 gym.register("Stateless-v0", entry_point=StatelessEnv)
+gym.register("SlowStateless-v0", entry_point=StatelessEnv, kwargs={"delay": 0.005})
 
 
 # --- env workers that fail (tests/test_worker_restart.py) ----------------------------------------------------------

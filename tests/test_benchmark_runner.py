@@ -203,12 +203,16 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
 
     from fleetrl import checkpoint
     from fleetrl.monitor.tbread import read_scalars
+    from fleetrl.tools.processes import run_name
 
     from conftest import fleetrl_env
 
-    out, iterations = tmp_path / "bench", 60
-    train = ["fleetrl", "train", "ppo", "--total-timesteps", str(iterations * 512), "--checkpoint-every", "1000", "--no-cuda"]
-    made = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--slurm-template", "--", *train)
+    # CartPole whose steps also sleep 1 ms, stepped one env after another: an iteration of 4 x 128 steps lasts at least
+    # 0.5 s however fast the host is, so a signal sent once the first iteration is logged always lands mid-run
+    out, iterations, env_id = tmp_path / "bench", 12, "fleetrl_test_envs:SlowCartPole-v1"
+    train = ["fleetrl", "train", "ppo", "--total-timesteps", str(iterations * 512), "--env-backend", "sync",
+             "--checkpoint-every", "1000", "--no-cuda"]
+    made = run_fleetrl("benchmark", "--env-ids", env_id, "--num-seeds", "1", "--out", str(out), "--slurm-template", "--", *train)
     assert made.returncode == 0, made.stderr
     script = out / "benchmark.slurm"
     assert "#SBATCH --requeue" in script.read_text() and "#SBATCH --signal=B:USR1@" in script.read_text()
@@ -217,31 +221,35 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.calls\n")
     (bin_dir / "scontrol").chmod(0o755)
     env = {**fleetrl_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77"}
-    run_dir = out / "CartPole-v1__1"
+    name = run_name(env_id, 1)
+    run_dir = out / name
+
+    def first_iteration_logged() -> bool:
+        return any(run_dir.glob("events.out.tfevents.*")) and bool(read_scalars(run_dir, "charts/learning_rate"))
 
     task = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     with killed_on_exit(task):
         deadline = time.time() + 120
-        while not any(run_dir.glob("events.out.tfevents.*")) and time.time() < deadline:
+        while not first_iteration_logged():  # a state the run reports, not a time
             assert task.poll() is None, task.communicate(timeout=30)[0]
-            time.sleep(0.2)
-        time.sleep(2.0)
+            assert time.time() < deadline, "the run logged no iteration within 120 s"
+            time.sleep(0.05)
         task.send_signal(signal.SIGUSR1)  # what `--signal=B:USR1@120` sends the batch shell
         task.communicate(timeout=60)
     assert task.returncode == 0
     assert (tmp_path / "scontrol.calls").read_text().split() == ["requeue", "77_0"]
-    log = (out / "logs" / "CartPole-v1__1.log").read_text()
+    log = (out / "logs" / f"{name}.log").read_text()
     assert "stopped by SIGTERM" in log and "requeueing" in log, log[-2000:]
     stopped_at = checkpoint.load_checkpoint(run_dir)["global_step"]
     assert 0 < stopped_at < iterations * 512, "checkpointed off the cadence, where the warning found it"
-    assert not (out / "status" / "CartPole-v1__1.json").exists(), "a requeued task is not finished"
+    assert not (out / "status" / f"{name}.json").exists(), "a requeued task is not finished"
 
     requeued = subprocess.run(["bash", str(script)], env={**env, "SLURM_RESTART_COUNT": "1"}, capture_output=True, text=True, timeout=300)
     assert requeued.returncode == 0, requeued.stdout + requeued.stderr
-    log = (out / "logs" / "CartPole-v1__1.log").read_text()
+    log = (out / "logs" / f"{name}.log").read_text()
     assert "stopped by SIGTERM" in log and "requeued: start 2 of this task" in log, "the requeued start appends to the log"
-    assert json.loads((out / "status" / "CartPole-v1__1.json").read_text())["ok"] is True
+    assert json.loads((out / "status" / f"{name}.json").read_text())["ok"] is True
     assert checkpoint.load_checkpoint(run_dir)["global_step"] == iterations * 512
     steps = [p.step for p in read_scalars(run_dir, "charts/learning_rate")]
     assert steps == [512 * i for i in range(1, iterations + 1)], "resumed, not restarted: every iteration logged once"

@@ -124,7 +124,10 @@ def test_eval_carries_the_state_through_an_episode_and_starts_afresh_at_the_next
 
 @pytest.mark.slow
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
-    common = ["train", "ppo_lstm", "--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync",
+    # each env step sleeps 5 ms and the 2 envs step one after the other: an iteration (2 x 16 steps) lasts at least
+    # 0.16 s on any host, so the 9 iterations after the checkpoint that the SIGTERM waits for take 1.4 s or more,
+    # against the checkpoint poll's 0.1 s
+    common = ["train", "ppo_lstm", "--env-id", "fleetrl_test_envs:SlowStateless-v0", "--no-cuda", "--env-backend", "sync",
               "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--precision", "fp32",
               "--total-timesteps", str(12 * 32), "--checkpoint-every", "3",
               # normalisation would see the resumed run's restarted episodes (one more reset observation, discounted
@@ -138,7 +141,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)  # preempted: it checkpoints the iteration it is in, its states in flight
         assert proc.wait(timeout=120) == 143
     stopped = checkpoint.load_checkpoint(tmp_path / "part")
-    assert stopped["global_step"] < 12 * 32 and "recurrent_state" in stopped["ranks"][0]["actor"]
+    assert 3 * 32 <= stopped["global_step"] < 12 * 32 and "recurrent_state" in stopped["ranks"][0]["actor"]
     resumed = run_fleetrl(*common, "--run-dir", str(tmp_path / "part"), "--resume", "auto", timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(tmp_path / "part")
