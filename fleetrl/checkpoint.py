@@ -215,6 +215,16 @@ def _write_atomically(path: Path, write: Callable[[BinaryIO], Any]) -> tuple[int
     return out.size, out.sha256.hexdigest()
 
 
+def temporary_bytes(run_dir: str | Path) -> int:
+    """The bytes in the run's checkpoint files being written (their temporary files, every rank's where the folder is
+    shared): what grows while a checkpoint is in progress (fleetrl/parent_watch.py lets it finish)."""
+    total = 0
+    for p in (Path(run_dir) / CHECKPOINT_DIR).glob(".ckpt_*.tmp-*"):
+        with contextlib.suppress(OSError):  # renamed into place meanwhile
+            total += p.stat().st_size
+    return total
+
+
 def _remove_stale_temporaries(folder: Path) -> None:
     """Temporary files that a killed writer on this machine left behind."""
     for p in folder.glob(".ckpt_*.tmp-*"):

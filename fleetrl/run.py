@@ -363,6 +363,12 @@ class Run:
         # another world size: the streams are re-derived from the seed and the step (``seed``), as in a fresh run
 
     def save_checkpoint(self, global_step: int, iteration: int) -> str | None:
+        """Write a checkpoint (:meth:`_write_checkpoint`); a run stopped because its tool is gone is let finish it while its
+        files grow (fleetrl/parent_watch.py), however long a large one (``--save-buffer``) takes."""
+        with parent_watch.checkpoint_in_progress(lambda: checkpoint.temporary_bytes(self.args.run_dir)):
+            return self._write_checkpoint(global_step, iteration)
+
+    def _write_checkpoint(self, global_step: int, iteration: int) -> str | None:
         """Every rank calls this. Each rank streams its ``register_shard`` objects to its own file; rank 0 writes the
         rest (with every rank's RNG streams) and, once every file is in place, the manifest that commits them all.
 
