@@ -85,10 +85,15 @@ def test_checkpoints_without_manifests_are_used_unverified_by_eval_and_resume_au
         manifest.unlink()  # as written before checkpoints had manifests
     evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", timeout=120)
     assert evaluated.returncode == 0 and "has no manifest" in evaluated.stderr, evaluated.stderr[-3000:]
+    copied_events = set(run_dir.glob("events.out.tfevents.*"))
     resumed = run_fleetrl("train", "ppo", "--resume", "auto", "--run-dir", str(run_dir), "--total-timesteps", str(3 * BATCH), timeout=180)
     assert resumed.returncode == 0 and "has no manifest" in resumed.stderr, resumed.stderr[-3000:]
-    assert checkpoint.load_checkpoint(run_dir)["global_step"] == 3 * BATCH, "it continued from step 1024, not afresh"
-    assert [p.step for p in read_scalars(run_dir, "charts/learning_rate")][-1] == 3 * BATCH
+    assert checkpoint.load_checkpoint(run_dir)["global_step"] == 3 * BATCH
+    # continued, not afresh (a fresh start would end at 3 * BATCH too): the resumed process logged the third iteration
+    # only, and trained none of the steps before its checkpoint's 2 * BATCH again
+    (new_events,) = set(run_dir.glob("events.out.tfevents.*")) - copied_events
+    assert [p.step for p in read_scalars(new_events, "charts/learning_rate")] == [3 * BATCH]
+    assert [p.step for p in read_scalars(run_dir, "charts/learning_rate")] == [BATCH, 2 * BATCH, 3 * BATCH]
 
 
 def test_a_checkpoints_manifest_names_its_checkpoint(cartpole_run):
