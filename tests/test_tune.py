@@ -240,7 +240,6 @@ def test_two_tuners_share_one_postgresql_study_without_losing_or_duplicating_tri
 
 # ---- a stopped or killed tuner ------------------------------------------------------------------
 
-KILLED_TUNER_RUNS_END_S = 10  # the watcher's 0.5 s poll, then the iteration under way, a checkpoint and the envs' close
 LONG = ["fleetrl", "train", "ppo", "--total-timesteps", "500000", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"]
 
 
@@ -312,9 +311,9 @@ def test_a_tuner_killed_by_sigkill_leaves_no_process_of_its_trials_behind(tmp_pa
         took = time.monotonic() - killed
         for proc in left:
             proc.kill()
+    # 30 s is a hang guard, not a speed bound: how fast they end is benchmarks/tune_speed.py's "orphans" part
     assert not left, f"{len(left)} of the trials' {len(procs)} processes outlived their tuner by 30 s"
     print(f"the trials' {len(procs)} processes ended {took:.1f} s after their tuner was killed")
-    assert took < KILLED_TUNER_RUNS_END_S, f"the trials' processes took {took:.1f} s to end after their tuner was killed"
     for log in out.glob("trial_000[01]/*.log"):
         assert "SIGTERM received: writing a checkpoint" in log.read_text()  # stopped by the watcher, as a scheduler stops a run
 
