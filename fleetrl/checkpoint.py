@@ -80,6 +80,12 @@ def manifest_path(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
+def run_folder_of(path: Path) -> Path | None:
+    """The run folder a checkpoint file lies in (``RUN`` for ``RUN/checkpoints/ckpt_*.pt``); None for a file kept
+    elsewhere. Never the run folder saved in the checkpoint, which could point anywhere."""
+    return path.parent.parent if path.parent.name == CHECKPOINT_DIR else None
+
+
 def _entries(run_dir: str | Path) -> list[Entry]:
     """The checkpoints of a run, in the order they were written (oldest first): those without a manifest first, by step."""
     folder = Path(run_dir) / CHECKPOINT_DIR

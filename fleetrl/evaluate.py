@@ -55,7 +55,7 @@ def evaluate(args: EvalArgs) -> dict:
     runtime.set_torch_threads(None)
     algo = importlib.import_module(f"fleetrl.algos.{state.get('algo', 'ppo')}")
     # videos go to the run folder: the parent of its checkpoints/ folder (or the folder of a file kept elsewhere)
-    run_dir = path.parent.parent if path.parent.name == checkpoint.CHECKPOINT_DIR else path.parent
+    run_dir = checkpoint.run_folder_of(path) or path.parent
     video_dir = str(run_dir / "videos_eval") if args.capture_video else None
     # one env, without the training-only wrappers (episodic life, reward clipping)
     envs = make_vector_env(env_id, 1, args.env_backend, training=False, sticky_actions=train_args.get("sticky_actions"),

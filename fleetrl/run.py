@@ -471,12 +471,12 @@ def _resumed_args(args: Any, resumed: dict[str, Any], explicit: set[str], algo: 
         args.env_id = env_id_for_checkpoint(saved["env_id"], args.env_id if "env_id" in explicit else None, resumed["_path"],
                                             f"fleetrl train {algo} --resume {shlex.quote(args.resume)} ...")
     if args.run_dir is None:
-        path = Path(resumed["_path"])
-        if path.parent.name != checkpoint.CHECKPOINT_DIR:
+        run_dir = checkpoint.run_folder_of(Path(resumed["_path"]))
+        if run_dir is None:
             raise FleetError(f"--resume {args.resume}: this checkpoint file is not in a run's {checkpoint.CHECKPOINT_DIR}/ folder, so "
                              f"it names no run folder to go on in (the one saved in it is not used: fleetrl writes only where you "
                              f"say). Add --run-dir FOLDER for the run's logs and checkpoints.")
-        args.run_dir = str(path.parent.parent)
+        args.run_dir = str(run_dir)
     return args
 
 
