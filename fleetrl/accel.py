@@ -2,8 +2,9 @@
 network only), memory format (channels-last for CNNs), torch.compile of the learner step, and the CUDA runtime flags.
 
 Where there is a choice it is measured on this machine, once: the result is cached per machine, torch version,
-threads and network (``~/.cache/fleetrl/accel.json``, or ``$FLEETRL_CACHE_DIR``), because each setting changes the
-arithmetic and a timing taken beside other jobs swings several-fold. So the same command trains the same way on a
+threads and network (``~/.cache/fleetrl/accel.json``, or ``$FLEETRL_CACHE_DIR``; :func:`measured_once`, which
+``--actor-device auto`` uses too), because each setting changes the arithmetic and a timing taken beside other jobs
+swings several-fold. So the same command trains the same way on a
 quiet and on a busy machine, and a resumed run keeps the settings its checkpoint was trained with.
 
 Only the network's forward runs in bf16. Its outputs come back as fp32 (``Agent.forward`` casts them), so
@@ -142,15 +143,13 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
     else:
         obs_dtype = torch.uint8 if network_obs_dtype(obs_space.shape, obs_space.dtype) == np.uint8 else torch.float32  # as the learner sees them
         example_obs = torch.zeros((min(batch_size, PROBE_MAX_BATCH), *obs_space.shape), dtype=obs_dtype, device=device)
-        key = _cache_key(model, candidates, example_obs, device)
-        cached = _read_cache().get(key)
-        if cached is not None:
-            times = {c: cached["ms"][c.label] / 1e3 for c in candidates}
-            how = f"measured on this machine before (cached in {cache_dir() / CACHE_FILE}; delete it to measure again)"
-        else:
-            times = _time_training_steps(model, candidates, example_obs, device)
-            _write_cache(key, {"ms": {c.label: t * 1e3 for c, t in times.items()}, "when": time.strftime("%Y-%m-%d %H:%M")})
-            how = "measured"
+        key = cache_key(model, [c.label for c in candidates], example_obs, device)
+
+        def measure() -> dict[str, float]:
+            return {c.label: t for c, t in _time_training_steps(model, candidates, example_obs, device).items()}
+
+        seconds, how = measured_once(key, measure)
+        times = {c: seconds[c.label] for c in candidates}
         fastest = min(times.values())
         choice = next(c for c in candidates if times[c] <= fastest * (1 + PROBE_MARGIN))
         measured = ", ".join(f"{c.label.replace(', compiled', '')} {t * 1e3:.0f} ms" for c, t in times.items())
@@ -169,12 +168,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FLEETRL_CACHE_DIR") or Path.home() / ".cache" / "fleetrl")
 
 
-def _cache_key(model: nn.Module, candidates: list[Accel], example_obs: torch.Tensor, device: torch.device) -> str:
-    """What a timing depends on: the device, torch and its threads, the network and the batch."""
+def measured_once(key: str, measure: Callable[[], dict[str, float]]) -> tuple[dict[str, float], str]:
+    """Seconds per setting for ``key`` (:func:`cache_key`): measured by ``measure()`` the first time on this machine,
+    then read from the cache, so a choice made from them does not change with the load from one start to the next.
+    Also says how they were got, for the start-up line."""
+    cached = _read_cache().get(key)
+    if cached is not None:
+        return ({label: ms / 1e3 for label, ms in cached["ms"].items()},
+                f"measured on this machine before (cached in {cache_dir() / CACHE_FILE}; delete it to measure again)")
+    seconds = measure()
+    _write_cache(key, {"ms": {label: t * 1e3 for label, t in seconds.items()}, "when": time.strftime("%Y-%m-%d %H:%M")})
+    return seconds, "measured"
+
+
+def cache_key(model: nn.Module, labels: list[str], example_obs: torch.Tensor | np.ndarray, device: torch.device) -> str:
+    """What a timing depends on: the device, torch and its threads, the network, the batch and the settings compared
+    (``labels``)."""
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model()
     shapes = ",".join(str(tuple(p.shape)) for p in model.parameters())
     parts = [where, torch.__version__, str(torch.get_num_threads()), type(model).__name__, shapes, str(tuple(example_obs.shape)),
-             str(example_obs.dtype), "|".join(c.label for c in candidates)]
+             str(example_obs.dtype), "|".join(labels)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 

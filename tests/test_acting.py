@@ -122,3 +122,52 @@ def test_ppo_image_networks_give_their_first_conv_the_frames_divided_by_255(obs_
         agent(frames)
     chw = frames.permute(0, 3, 1, 2) if obs_shape[-1] == 3 else frames
     torch.testing.assert_close(seen[0], chw.float() / 255.0)
+
+
+# --actor-device auto: measured once per machine (cached, as the precision is) and kept by a resumed run. There is no
+# GPU here, so the decision is checked with a learner device named "cuda" and a timing the test makes up; nothing is
+# ever put on that device.
+FAKE_GPU = torch.device("cuda", 0)
+
+
+def test_auto_actor_device_is_measured_once_then_cached_so_a_busy_machine_repeats_it(tmp_path, monkeypatch):
+    from fleetrl.sampling.acting import choose_actor_device
+
+    monkeypatch.setenv("FLEETRL_CACHE_DIR", str(tmp_path))
+    quiet = {"cpu": 2e-3, "cuda": 1e-3}  # the GPU acts faster on a quiet machine
+    busy = {"cpu": 1e-3, "cuda": 5e-3}  # the same command beside another job's kernels
+    device, reason, remembered = choose_actor_device("auto", FAKE_GPU, lambda d: quiet[d.type], lambda: "key-1")
+    assert device == FAKE_GPU and remembered == "learner" and "measured" in reason and (tmp_path / "accel.json").exists()
+    again, reason, _ = choose_actor_device("auto", FAKE_GPU, lambda d: busy[d.type], lambda: "key-1")
+    assert again == FAKE_GPU and "cached in" in reason
+    other, _, remembered = choose_actor_device("auto", FAKE_GPU, lambda d: busy[d.type], lambda: "key-2")  # another network
+    assert other == torch.device("cpu") and remembered == "cpu"
+
+
+def test_auto_actor_device_keeps_what_a_resumed_checkpoint_acted_on_without_timing(tmp_path, monkeypatch):
+    from fleetrl.sampling.acting import choose_actor_device
+
+    monkeypatch.setenv("FLEETRL_CACHE_DIR", str(tmp_path))
+
+    def never(device):
+        pytest.fail("a resume times nothing")
+
+    for saved, want in (("cpu", torch.device("cpu")), ("learner", FAKE_GPU)):
+        device, reason, remembered = choose_actor_device("auto", FAKE_GPU, never, lambda: "key", saved=saved)
+        assert device == want and remembered == saved and "resumed checkpoint" in reason
+    # the flag given again wins over the checkpoint
+    assert choose_actor_device("learner", FAKE_GPU, never, lambda: "key", saved="cpu")[0] == FAKE_GPU
+
+
+def test_a_checkpoint_remembers_where_auto_acted_and_a_resume_acts_there(tmp_path):
+    from conftest import run_fleetrl_in_process
+    from fleetrl.checkpoint import load_checkpoint
+
+    run_dir = str(tmp_path / "run")
+    common = ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "32", "--run-dir", run_dir]
+    first = run_fleetrl_in_process("train", "ppo", *common, "--total-timesteps", "64")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert load_checkpoint(run_dir)["remembered"]["actor_device"] == "cpu"
+    resumed = run_fleetrl_in_process("train", "ppo", *common, "--total-timesteps", "128", "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "acting on cpu (auto: as the resumed checkpoint acted (cpu))" in resumed.stdout, resumed.stdout

@@ -25,7 +25,7 @@ hand each group of envs its slice: the same actions as stepping all envs togethe
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -194,3 +194,33 @@ def make_actor(agent: nn.Module, device: torch.device, seed: int) -> TorchActor 
             logstd = agent.actor_logstd.detach().numpy()[0] if agent.continuous else None
             return NumpyMLPActor(actor_layers, critic_layers, logstd, seed)
     return TorchActor(agent, device, seed)
+
+
+def choose_actor_device(choice: str, learner: torch.device, time_acting: Callable[[torch.device], float],
+                        cache_key: Callable[[], str], saved: str | None = None, timed: str = "acting") -> tuple[torch.device, str, str]:
+    """Where the acting network runs (``--actor-device``): the device, why, and what a checkpoint remembers of it
+    (``"cpu"`` or ``"learner"``, which a resume gives back as ``saved``).
+
+    ``auto`` keeps what a resumed checkpoint acted on; else, with the learner on a GPU, it takes the faster of acting on
+    the CPU and on the GPU (``time_acting(device)``: seconds a call), measured once on this machine and cached by
+    ``cache_key()`` (fleetrl/accel.py's cache, as the precision is; ``timed`` names what was timed). So the same command acts on the same device on a
+    quiet and a busy machine, and a resumed run acts where it did: CPU and GPU arithmetic differ in the last bits.
+    """
+    cpu = torch.device("cpu")
+    if choice == "cpu":
+        device, reason = cpu, "--actor-device cpu"
+    elif choice == "learner":
+        device, reason = learner, "--actor-device learner"
+    elif saved in ("cpu", "learner"):
+        device, reason = (cpu if saved == "cpu" else learner), f"auto: as the resumed checkpoint acted ({saved})"
+    elif learner.type == "cpu":
+        device, reason = cpu, "the learner is on the CPU"
+    else:
+        from fleetrl.accel import measured_once
+
+        labels = {"cpu": cpu, "learner": learner}
+        seconds, how = measured_once(cache_key(), lambda: {label: time_acting(d) for label, d in labels.items()})
+        device = labels[min(seconds, key=seconds.get)]
+        measured = ", ".join(f"{labels[label]} {t * 1e3:.2f} ms" for label, t in seconds.items())
+        reason = f"auto: {how} {timed}: {measured}"
+    return device, reason, "cpu" if device.type == "cpu" else "learner"

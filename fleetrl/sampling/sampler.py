@@ -48,7 +48,7 @@ from fleetrl.envs.vector import check_async_batch
 from fleetrl.errors import FleetError
 from fleetrl.monitor.timing import PhaseTimer
 from fleetrl.nets import network_obs_dtype
-from fleetrl.sampling.acting import make_actor
+from fleetrl.sampling.acting import choose_actor_device, make_actor
 from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
 from fleetrl.sampling.rollout import RolloutBuffer
 
@@ -118,7 +118,8 @@ class Sampler:
     """Owns the vector envs, the acting copy of the weights, the rollout buffers and the sampling RNG.
 
     ``agent``: the learner's network (called as ``agent(x) -> (actor output, value)``, see acting.py).
-    ``device``: the learner's device; ``actor_device``: cpu, learner, or auto (measured at start).
+    ``device``: the learner's device; ``actor_device``: cpu, learner, or auto (measured once on this machine, cached;
+    ``saved_actor_device``: a resumed checkpoint's choice, kept; ``acts_on`` says what to remember of it).
     ``async_batch``: first-ready batches of K envs when below ``num_envs``; ``split``: None chooses the
     zero-lag split where it runs exactly (tests force it with True). ``global_envs``: the envs of all
     ranks (episodes are tagged with the global step). ``seed`` seeds the sampling noise, ``env_seed``
@@ -137,6 +138,7 @@ class Sampler:
         env_seed: int | None,
         timer: PhaseTimer,
         actor_device: str = "auto",
+        saved_actor_device: str | None = None,
         policy_lag: int = 0,
         async_batch: int | None = None,
         split: bool | None = None,
@@ -166,7 +168,7 @@ class Sampler:
 
         # the acting weights: the learner's module itself, or a copy that is only ever replaced whole
         # between rollouts (on another device, or while the learner trains on with --policy-lag 1)
-        self.actor_device, device_reason = self._choose_actor_device(actor_device, device)
+        self.actor_device, device_reason, self.acts_on = self._choose_actor_device(actor_device, device, saved_actor_device)
         same = self.actor_device == device and not self.lagged
         self.acting_agent = agent if same else copy.deepcopy(agent).to(self.actor_device)
         self.actor = make_actor(self.acting_agent, self.actor_device, seed=seed)
@@ -303,24 +305,24 @@ class Sampler:
         sizes = "+".join(str(s.stop - s.start) for s in slices)
         return "split", slices, f"split into {sizes} envs stepping while the other group acts (zero lag: the serial loop's batch)"
 
-    def _choose_actor_device(self, choice: str, learner: torch.device) -> tuple[torch.device, str]:
-        cpu = torch.device("cpu")
-        if choice == "cpu" or learner.type == "cpu":
-            return cpu, "--actor-device cpu" if choice == "cpu" else "the learner is on the CPU"
-        if choice == "learner":
-            return learner, "--actor-device learner"
+    def _choose_actor_device(self, choice: str, learner: torch.device, saved: str | None) -> tuple[torch.device, str, str]:
         batch = max(s.stop - s.start for s in self.groups) if self.mode != "first-ready" else self.async_batch
-        times = {device: self._time_acting(device, batch) for device in (cpu, learner)}
-        best = min(times, key=times.get)
-        measured = ", ".join(f"{d} {t * 1e3:.2f} ms" for d, t in times.items())
-        return best, f"auto: measured acting on {batch} envs: {measured}"
-
-    def _time_acting(self, device: torch.device, batch: int) -> float:
-        """Median seconds of one acting call on ``device``, on a throwaway copy of the network."""
-        agent = copy.deepcopy(self.agent).to(device)
-        actor = make_actor(agent, device, seed=0)
         space = self.envs.single_observation_space
         obs = np.zeros((batch, *space.shape), network_obs_dtype(space.shape, space.dtype))
+
+        def key() -> str:
+            from fleetrl.accel import cache_key
+
+            with _torch_threads(self.acting_threads):  # as acting will run
+                return cache_key(self.agent, ["acting on cpu", "acting on learner"], obs, learner)
+
+        return choose_actor_device(choice, learner, lambda d: self._time_acting(d, obs), key, saved, f"acting on {batch} envs")
+
+    def _time_acting(self, device: torch.device, obs: np.ndarray) -> float:
+        """Median seconds of one acting call on ``device`` for ``obs``, on a throwaway copy of the network."""
+        agent = copy.deepcopy(self.agent).to(device)
+        actor = make_actor(agent, device, seed=0)
+        batch = len(obs)
         times = []
         with _torch_threads(self.acting_threads):  # as acting will run
             for _ in range(3 + ACTOR_PROBE_CALLS):
