@@ -21,7 +21,7 @@ import pytest
 
 from fleetrl import checkpoint
 from fleetrl.monitor.tbread import read_scalars
-from fleetrl.tools import minicluster, slurm_jobs
+from fleetrl.tools import minicluster, minicluster_host, slurm_jobs
 from fleetrl.tools.returns import final_return
 
 from conftest import assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_module, require_slurm, skip_unless_ci
@@ -76,7 +76,7 @@ def assert_trained_once_to(run_dir: Path, iterations: int) -> None:
 def training_processes(cluster: minicluster.MiniCluster, node: str) -> list[psutil.Process]:
     """The training processes on ``node``: its torchrun launcher and the ranks under it (not Slurm's own)."""
     found = []
-    for proc in minicluster._processes_in_netns(cluster.node(node).netns):
+    for proc in minicluster_host.processes_in_netns(cluster.node(node).netns):
         with contextlib.suppress(psutil.Error):
             cmdline = " ".join(proc.cmdline())
             if "torch.distributed.run" in cmdline or "fleetrl" in cmdline and "train" in cmdline:
@@ -117,7 +117,7 @@ def test_a_cluster_is_removed_entirely_even_with_jobs_running_and_its_block_fail
             cluster.wait_for_job(job, ["RUNNING"], timeout=30)
             on_node = subprocess.Popen(cluster.on_node("node1", ["sleep", "600"]), start_new_session=True)
             # munged and slurmctld here; on the node: slurmd, slurmstepd, the job's shell and sleep, the sleep run there
-            procs = [psutil.Process(pid) for pid in cluster.pids.values()] + minicluster._processes_in_netns(cluster.nodes[0].netns)
+            procs = [psutil.Process(pid) for pid in cluster.pids.values()] + minicluster_host.processes_in_netns(cluster.nodes[0].netns)
             assert len(procs) >= 7, procs
             raise RuntimeError("the test's own failure")
     on_node.wait(timeout=10)

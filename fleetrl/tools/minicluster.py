@@ -2,7 +2,7 @@
 fleetrl's Slurm scripts; each node is a host of its own (network, hostname and /etc/hosts), on a bridge.
 
     sudo fleetrl minicluster up               # munged, slurmctld, two slurmd; prints the SLURM_CONF to export
-    export SLURM_CONF=/tmp/fleetrl-minicluster/etc/slurm.conf
+    export SLURM_CONF=/run/fleetrl-minicluster/default/etc/slurm.conf
     sbatch --nodes=2 ...; squeue; scontrol show job JOBID
     sudo fleetrl minicluster exec node2 -- hostname -I
     sudo fleetrl minicluster down             # stops everything and removes namespaces, links and files
@@ -13,22 +13,24 @@ mount namespace of its own, with the node's hostname and an ``/etc/hosts`` namin
 torchrun on a node see a separate host. Each node gets its own share of the CPUs (the others are ``CpuSpecList``, held
 back from its jobs), so Slurm's CPU binding puts node1's tasks and node2's tasks on different cores. Needs root, and
 Debian's ``slurm-wlm`` and ``munge`` (Slurm 22.05).
+
+Safe for root on a shared machine: the files live in a folder only root can write, checked before every use, and what
+`down` removes or stops follows from the cluster's tag and folder, never from names another user could have written
+(fleetrl/tools/minicluster_host.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,22 +39,17 @@ from typing import Annotated, Callable, Iterator, Literal, Sequence
 import psutil
 import tyro
 
-from fleetrl.errors import FleetError
+from fleetrl.tools import minicluster_host as host
 from fleetrl.tools import slurm_jobs
+from fleetrl.tools.minicluster_host import DEFAULT_DIR, REGISTRY, MiniClusterError  # noqa: F401 - the module's names for its users
 
-TAGS = range(1, 255)  # a cluster's tag K tells concurrent ones apart: subnet 10.77.K.0/24, controller .1, node i .(10+i)
-REGISTRY = Path("/run/fleetrl-minicluster")  # tag -> cluster folder and owner; tmpfs, gone at reboot with the namespaces
-DEFAULT_DIR = Path(tempfile.gettempdir()) / "fleetrl-minicluster"  # the CLI's cluster, found again by status/exec/down
 START_TIMEOUT_S = 60.0  # the daemons start in well under 1 s here; a start this slow is reported with the logs
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 REQUEUE_DELAY_S = 5  # cred_expire: how long a requeued job waits before it may start again (Slurm: 120 s by default, 5 at least)
 KILL_WAIT_S = 30  # Slurm's KillWait: from SIGTERM to SIGKILL when a job is cancelled or requeued (Slurm's default)
 TOOLS = {"munged": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm", "scontrol": "slurm-wlm",
          "sinfo": "slurm-wlm", "ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux"}
-
-
-class MiniClusterError(FleetError):
-    """The cluster cannot start (or is not there); the message names the fix, or carries the daemons' logs."""
+DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
 @dataclass
@@ -76,9 +73,10 @@ class MiniCluster:
     controller_address: str
     ctld_port: int
     nodes: list[Node]
-    pids: dict[str, int] = field(default_factory=dict)  # munged, slurmctld
+    pids: dict[str, int] = field(default_factory=dict)  # munged, slurmctld: each recorded as soon as it starts
     owner_pid: int | None = None  # a cluster whose owner is gone is removed by the next `up` (a killed test run)
     started_in_s: float = 0.0
+    made_dir: bool = True  # `root` was made for the cluster: `down` removes it too, if nothing else was put in it
 
     # ---- where things are
     @property
@@ -144,14 +142,56 @@ class MiniCluster:
 
     # ---- persistence (the CLI's `up` and `down` are separate processes)
     def save(self) -> None:
-        path = Path(self.root) / "cluster.json"
-        path.write_text(json.dumps(asdict(self), indent=1))
+        host.write_record(Path(self.root) / "cluster.json", asdict(self))
 
     @classmethod
     def load(cls, root: str | os.PathLike) -> "MiniCluster":
-        data = json.loads((Path(root) / "cluster.json").read_text())
-        data["nodes"] = [Node(**n) for n in data["nodes"]]
-        return cls(**data)
+        """The cluster recorded in ``root``, once its folder and record are checked: only root can have written them, and
+        every name in the record is the one its tag gives. FileNotFoundError where there is none; BadRecord where the
+        record is not one this fleetrl wrote."""
+        root = Path(os.path.abspath(root))
+        os.lstat(root)  # FileNotFoundError: no cluster here
+        host.check_root_only(root, "The cluster's folder")
+        root = Path(os.path.realpath(root))
+        try:
+            data = host.read_record(root / "cluster.json")
+        except ValueError as exc:
+            raise BadRecord(root, f"not JSON: {exc}") from None
+        return cls.from_record(data, root)
+
+    @classmethod
+    def from_record(cls, data: object, root: Path) -> "MiniCluster":
+        try:
+            cluster = cls(**{**data, "nodes": [Node(**n) for n in data["nodes"]]})
+        except (KeyError, TypeError, AttributeError) as exc:  # a field missing or unknown; a list where a record belongs
+            raise BadRecord(root, f"{type(exc).__name__}: {exc}") from None
+        tag = cluster.tag
+        if not (isinstance(tag, int) and tag in host.TAGS):
+            raise BadRecord(root, f"tag {tag!r} is not one of {host.TAGS.start}..{host.TAGS.stop - 1}")
+        wrong = [f"root is {cluster.root!r}, not {str(root)!r}"] if cluster.root != str(root) else []
+        if cluster.bridge != host.bridge_name(tag):
+            wrong.append(f"the bridge is {cluster.bridge!r}, not {host.bridge_name(tag)!r}")
+        for i, node in enumerate(cluster.nodes, start=1):
+            names, want = [node.name, node.netns, node.veth], [f"node{i}", host.netns_name(tag, i), host.veth_name(tag, i)]
+            if names != want:
+                wrong.append(f"node {i} is named {names}, not {want}")
+        pids = [*cluster.pids.values(), *(n.pid for n in cluster.nodes if n.pid is not None)] if isinstance(cluster.pids, dict) else [None]
+        if not all(type(pid) is int for pid in pids):
+            wrong.append("a pid is not a number")
+        if wrong:
+            raise BadRecord(root, "; ".join(wrong))
+        return cluster
+
+
+class BadRecord(MiniClusterError):
+    """A cluster.json this fleetrl did not write as it is: another version's, or edited."""
+
+    def __init__(self, root: Path, why: str):
+        flag = "" if root == DEFAULT_DIR else f" --dir {shlex.quote(str(root))}"
+        super().__init__(f"{root / 'cluster.json'} is not a record of a cluster this fleetrl started ({why}): another version of "
+                         f"fleetrl wrote it, or it was edited, so nothing it names is used. `sudo fleetrl minicluster down{flag}` "
+                         f"still stops the cluster registered for this folder, by the names its tag gives; or stop it with the "
+                         f"fleetrl that started it.")
 
 
 # ---- checks -------------------------------------------------------------------------------------------------------
@@ -174,7 +214,12 @@ def check_prerequisites() -> None:
 
 def _hardware() -> dict[str, int]:
     """This machine as ``slurmd -C`` sees it: CPUs, Boards, SocketsPerBoard, CoresPerSocket, ThreadsPerCore, RealMemory."""
-    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout
+    try:
+        out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=host.COMMAND_TIMEOUT_S).stdout
+    except subprocess.TimeoutExpired:
+        raise MiniClusterError(f"`slurmd -C`, which describes this machine's CPUs and memory for slurm.conf, did not finish within "
+                               f"{host.COMMAND_TIMEOUT_S:g} s. Check that it answers here (sudo slurmd -C), and that Slurm is "
+                               f"installed whole (sudo apt-get install --reinstall slurm-wlm).") from None
     found = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", out)}
     if "CPUs" not in found:
         raise MiniClusterError(f"`slurmd -C` did not describe this machine's CPUs: {out.strip() or '(no output)'}")
@@ -203,8 +248,9 @@ def split_cpus(hw: dict[str, int], nodes: int) -> list[tuple[str, str]]:
 
 def start(root: str | os.PathLike | None = None, nodes: int = 2, owner_pid: int | None = None) -> MiniCluster:
     """Start a cluster of ``nodes`` slurmd nodes (``node1``, ``node2``, ...) and return it once every node is idle.
-    ``root``: its folder (created; must not hold a running cluster); default a new temporary one. ``owner_pid``: the
-    cluster is removed by a later ``start`` once that process is gone (for test runs that are killed outright)."""
+    ``root``: its folder, new or empty, that only root can write (made if missing); default a new one under
+    /run/fleetrl-minicluster. ``owner_pid``: the cluster is removed by a later ``start`` once that process is gone (for
+    test runs that are killed outright)."""
     if not 1 <= nodes <= 9:
         raise MiniClusterError(f"--nodes must be 1 to 9 (got {nodes}): node i gets the address .{{10+i}} on the bridge.")
     check_prerequisites()
@@ -214,30 +260,27 @@ def start(root: str | os.PathLike | None = None, nodes: int = 2, owner_pid: int 
     if controller in {f"node{i}" for i in range(1, nodes + 1)}:
         raise MiniClusterError(f"This machine's hostname is {controller!r}, the name of a mini cluster node. Rename the machine "
                                f"(hostname NAME) or run the cluster elsewhere.")
-    root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="fleetrl-minicluster-"))
-    if (root / "cluster.json").exists():
-        raise MiniClusterError(f"{root} holds a cluster already (see `fleetrl minicluster status --dir {root}`). Stop it with "
-                               f"`fleetrl minicluster down --dir {root}`, or pick another --dir.")
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o755)  # munged insists that every folder above its socket is searchable by all
     hw = _hardware()
     shares = split_cpus(hw, nodes)
-    with _registry_lock():
-        tag = _free_tag()
-        cluster = MiniCluster(
-            root=str(root.resolve()), tag=tag, bridge=f"fmc{tag}br", controller=controller, controller_address=f"10.77.{tag}.1",
-            ctld_port=_free_port(), owner_pid=owner_pid,
-            nodes=[Node(f"node{i}", f"10.77.{tag}.{10 + i}", f"fleetrl-mc{tag}-node{i}", f"fmc{tag}node{i}", cpus)
-                   for i, (cpus, _) in enumerate(shares, start=1)])
-        # registered before anything exists, owned by this process until the cluster is up: a start killed half-way
-        # (SIGKILL) leaves a cluster that the next start finds and removes
-        _register(cluster, os.getpid())
-        try:
-            _make_network(cluster)
-        except BaseException:
-            stop(cluster)
-            raise
+    folder, made = host.claim_folder(root)
     try:
+        with host.registry_lock():
+            tag = host.free_tag()
+            # registered before anything exists, owned by this process until the cluster is up: a start killed half-way
+            # (SIGKILL) leaves a cluster that the next start finds and removes
+            host.register(tag, folder, made, os.getpid())
+    except BaseException:
+        host.remove_folder(folder, made)
+        raise
+    cluster = MiniCluster(
+        root=str(folder), tag=tag, bridge=host.bridge_name(tag), controller=controller, controller_address=f"10.77.{tag}.1",
+        ctld_port=_free_port(), owner_pid=owner_pid, made_dir=made,
+        nodes=[Node(f"node{i}", f"10.77.{tag}.{10 + i}", host.netns_name(tag, i), host.veth_name(tag, i), cpus)
+               for i, (cpus, _) in enumerate(shares, start=1)])
+    # not under the registry lock: the cleanup (stop) takes it, and a cleanup inside it would wait on itself for good
+    try:
+        cluster.save()
+        host.make_network(tag, cluster.controller_address, [n.address for n in cluster.nodes])
         _write_files(cluster, hw, [spec for _, spec in shares])
         _start_daemons(cluster)
     except BaseException:
@@ -245,7 +288,7 @@ def start(root: str | os.PathLike | None = None, nodes: int = 2, owner_pid: int 
         raise
     cluster.started_in_s = round(time.monotonic() - began, 2)
     cluster.save()
-    _register(cluster, owner_pid)
+    host.register(tag, folder, made, owner_pid)
     return cluster
 
 
@@ -257,27 +300,6 @@ def running(root: str | os.PathLike | None = None, nodes: int = 2, owner_pid: in
         yield cluster
     finally:
         stop(cluster)
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and proc.returncode != 0:
-        raise MiniClusterError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()} Network namespaces and bridges need root with "
-                               f"CAP_NET_ADMIN and a kernel with veth and bridge support.")
-    return proc
-
-
-def _make_network(cluster: MiniCluster) -> None:
-    _ip("link", "add", cluster.bridge, "type", "bridge")
-    _ip("addr", "add", f"{cluster.controller_address}/24", "dev", cluster.bridge)
-    _ip("link", "set", cluster.bridge, "up")
-    for node in cluster.nodes:
-        _ip("netns", "add", node.netns)
-        _ip("link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns)
-        _ip("link", "set", node.veth, "master", cluster.bridge, "up")
-        _ip("-n", node.netns, "addr", "add", f"{node.address}/24", "dev", "eth0")
-        _ip("-n", node.netns, "link", "set", "eth0", "up")
-        _ip("-n", node.netns, "link", "set", "lo", "up")
 
 
 SLURM_CONF = """\
@@ -356,27 +378,32 @@ def _spawn(cluster: MiniCluster, argv: list[str], log: Path) -> subprocess.Popen
 
 
 def _start_daemons(cluster: MiniCluster) -> None:
+    """munged, slurmctld, then a slurmd per node. Each is in the cluster's record (cluster.json) as soon as it starts:
+    an `up` killed a moment later leaves nothing that `down`, or the next `up`, does not find and stop."""
     root = Path(cluster.root)
     munged = _spawn(cluster, ["munged", "--foreground", f"--key-file={root}/munge-key/munge.key", f"--socket={root}/munge/munge.socket",
                      f"--pid-file={root}/munge/munged.pid", f"--seed-file={root}/munge-key/munged.seed",
                      f"--log-file={root}/log/munged.log"], root / "log" / "munged.out")
     cluster.pids["munged"] = munged.pid
+    cluster.save()
     _wait(cluster, lambda: (root / "munge" / "munge.socket").exists(), "munged to open its socket", {"munged": munged})
     ctld = _spawn(cluster, ["slurmctld", "-D", "-f", str(cluster.conf)], root / "log" / "slurmctld.out")
     cluster.pids["slurmctld"] = ctld.pid
+    cluster.save()
     _wait(cluster, lambda: "UP" in cluster.slurm("scontrol", "ping", check=False), "slurmctld to answer",
           {"munged": munged, "slurmctld": ctld})
     daemons = {"munged": munged, "slurmctld": ctld}
+    q = shlex.quote
     for node in cluster.nodes:
         # its own hostname and /etc/hosts. Slave propagation: where this machine's mounts are shared (systemd's default),
         # a filesystem mounted later outside still reaches the node, as a cluster's shared filesystems reach its nodes
-        inner = (f"hostname {node.name} && mount --bind {root}/etc/hosts /etc/hosts && "
-                 f"mount --bind {root}/etc/resolv.conf /etc/resolv.conf && exec slurmd -D -f {cluster.conf}")
+        inner = (f"hostname {q(node.name)} && mount --bind {q(f'{root}/etc/hosts')} /etc/hosts && "
+                 f"mount --bind {q(f'{root}/etc/resolv.conf')} /etc/resolv.conf && exec slurmd -D -f {q(str(cluster.conf))}")
         proc = _spawn(cluster, ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--mount", "--propagation", "slave",
                        "sh", "-c", inner], root / "log" / f"slurmd.{node.name}.out")
         node.pid = proc.pid  # nsenter, unshare and sh each exec the next: this is slurmd's pid
+        cluster.save()
         daemons[f"slurmd on {node.name}"] = proc
-    cluster.save()  # from here on, `down` can find every pid
     _wait(cluster, lambda: _idle_nodes(cluster) == {n.name for n in cluster.nodes}, "every node to register and be idle", daemons)
 
 
@@ -402,25 +429,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# ---- the registry: which tags are taken, and by whom ----------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _registry_lock() -> Iterator[None]:
-    REGISTRY.mkdir(parents=True, exist_ok=True)
-    with open(REGISTRY / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two `up`s at once (two test runs) must not take one tag
-        yield
-
-
-def _register(cluster: MiniCluster, owner: int | None) -> None:
-    """Record the tag as taken, by ``owner`` (None: until `down`). The owner's start time tells it from a later
-    process that got its pid."""
-    started = None
-    if owner is not None:
-        with contextlib.suppress(psutil.Error):
-            started = psutil.Process(owner).create_time()
-    (REGISTRY / f"{cluster.tag}.json").write_text(json.dumps({"root": cluster.root, "owner_pid": owner, "owner_started": started}))
+# ---- abandoned clusters ---------------------------------------------------------------------------------------------
 
 
 def _owner_alive(info: dict) -> bool:
@@ -433,41 +442,30 @@ def _owner_alive(info: dict) -> bool:
         return False
 
 
-def _free_tag() -> int:
-    taken = {int(p.stem) for p in REGISTRY.glob("*.json") if p.stem.isdigit()}
-    in_use = _ip("-4", "-o", "addr", "show").stdout + _ip("-o", "link", "show").stdout + _ip("netns", "list").stdout
-    for tag in TAGS:
-        if tag not in taken and f"10.77.{tag}." not in in_use and f"fmc{tag}" not in in_use and f"fleetrl-mc{tag}-" not in in_use:
-            return tag
-    raise MiniClusterError(f"No free mini cluster slot: {len(TAGS)} are in use (see {REGISTRY}). Stop some with "
-                           f"`fleetrl minicluster down --dir DIR`.")
-
-
 def reap_abandoned() -> list[int]:
     """Stop the clusters whose owner process is gone (a test run killed before its teardown); returns their tags."""
     reaped = []
-    with _registry_lock():
-        for entry in REGISTRY.glob("*.json"):
-            try:
-                info = json.loads(entry.read_text())
-            except (OSError, ValueError):
-                continue
+    with host.registry_lock():
+        for tag, info in host.registered().items():
             if _owner_alive(info):
                 continue
-            try:
-                cluster = MiniCluster.load(info["root"])
-            except (OSError, ValueError, KeyError, TypeError):
-                cluster = _skeleton(int(entry.stem), info["root"])  # died before it saved: remove by its names
-            stop(cluster, locked=True)
-            reaped.append(cluster.tag)
+            cluster = _recorded_or_skeleton(tag, info["root"], info.get("made_dir", False))
+            with contextlib.suppress(MiniClusterError):  # a folder another user could change: stopped, its files left
+                stop(cluster, locked=True)
+            reaped.append(tag)
     return reaped
 
 
-def _skeleton(tag: int, root: str) -> MiniCluster:
-    """What a cluster of this tag would have made, to remove whatever of it exists."""
-    names = [line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line.startswith(f"fleetrl-mc{tag}-")]
-    nodes = [Node(n.split("-")[-1], "", n, f"fmc{tag}{n.split('-')[-1]}", "") for n in names]
-    return MiniCluster(root=root, tag=tag, bridge=f"fmc{tag}br", controller="", controller_address="", ctld_port=0, nodes=nodes)
+def _recorded_or_skeleton(tag: int, root: str, made: bool) -> MiniCluster:
+    """The cluster of ``tag`` in ``root`` as its record has it; where it died before it saved one, or the record is not
+    one this fleetrl wrote, what a cluster of this tag would have made, to remove whatever of it exists."""
+    with contextlib.suppress(OSError, MiniClusterError):
+        cluster = MiniCluster.load(root)
+        if cluster.tag == tag:
+            return cluster
+    nodes = [Node(f"node{i}", "", host.netns_name(tag, i), host.veth_name(tag, i), "") for i in host.node_namespaces(tag)]
+    return MiniCluster(root=os.path.realpath(root), tag=tag, bridge=host.bridge_name(tag), controller="", controller_address="",
+                       ctld_port=0, nodes=nodes, made_dir=made)
 
 
 # ---- stop ---------------------------------------------------------------------------------------------------------
@@ -475,42 +473,37 @@ def _skeleton(tag: int, root: str) -> MiniCluster:
 
 def stop(cluster: MiniCluster, locked: bool = False) -> None:
     """Stop every process of the cluster (the daemons, and every job process on its nodes), then remove its namespaces,
-    links, bridge, files and registry entry. Safe to call on a half-started cluster, and twice."""
+    links, bridge, files and registry entry. Safe to call on a half-started cluster, and twice. ``locked``: the caller
+    holds the registry lock."""
     # every process in a node's network namespace: slurmd, slurmstepd, the jobs' tasks, what `exec` started there.
     # SIGKILL at once: nothing on a throwaway node needs a clean exit, and slurmstepd ignores SIGTERM.
-    _terminate([p for node in cluster.nodes for p in _processes_in_netns(node.netns)], first=signal.SIGKILL)
-    _terminate([p for name, pid in cluster.pids.items() if (p := _own_daemon(pid, name, cluster.root)) is not None])
-    for node in cluster.nodes:
-        _ip("netns", "delete", node.netns, check=False)
-        _ip("link", "delete", node.veth, check=False)  # gone with the namespace already, unless that failed
-    _ip("link", "delete", cluster.bridge, check=False)
+    _terminate([p for node in cluster.nodes for p in host.processes_in_netns(node.netns)], first=signal.SIGKILL)
+    _terminate(_daemons(cluster))
+    host.remove_network(cluster.tag, [int(node.name.removeprefix("node")) for node in cluster.nodes])
     for child in _CHILDREN.pop(cluster.root, []):  # ended above: this collects their exit status
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=STOP_GRACE_S)
-    if cluster.root and Path(cluster.root).exists():
-        shutil.rmtree(cluster.root, ignore_errors=True)
-    with contextlib.nullcontext() if locked else _registry_lock():
-        with contextlib.suppress(FileNotFoundError):
-            (REGISTRY / f"{cluster.tag}.json").unlink()
+    with contextlib.nullcontext() if locked else host.registry_lock():
+        host.unregister(cluster.tag)
+    host.remove_folder(Path(cluster.root), cluster.made_dir)
 
 
-def _processes_in_netns(netns: str) -> list[psutil.Process]:
-    proc = _ip("netns", "pids", netns, check=False)
-    out = []
-    for pid in proc.stdout.split():
+def _daemons(cluster: MiniCluster) -> list[psutil.Process]:
+    """The cluster's daemons still running: those it recorded, if they still are its own (a pid may have been reused),
+    and any root process named munged, slurmctld or slurmd whose command line names the cluster's folder (one an `up`
+    killed outright started but did not get to record)."""
+    mark = f"{cluster.root}/"
+    found = {}
+    for proc in psutil.process_iter(["name", "uids", "cmdline"]):
+        info = proc.info
+        if info["name"] in DAEMONS and info["uids"] is not None and info["uids"].real == 0 and any(mark in a for a in info["cmdline"] or ()):
+            found[proc.pid] = proc
+    for name, pid in cluster.pids.items():
         with contextlib.suppress(psutil.Error):
-            out.append(psutil.Process(int(pid)))
-    return out
-
-
-def _own_daemon(pid: int, name: str, root: str) -> psutil.Process | None:
-    """The process ``pid`` if it still is this cluster's ``name`` daemon (a pid may have been reused since)."""
-    try:
-        proc = psutil.Process(pid)
-        cmdline = " ".join(proc.cmdline())
-    except psutil.Error:
-        return None
-    return proc if name in cmdline and root in cmdline else None
+            proc = psutil.Process(pid)
+            if proc.name() == name and proc.uids().real == 0 and any(mark in a for a in proc.cmdline()):
+                found[pid] = proc
+    return list(found.values())
 
 
 def _terminate(procs: list[psutil.Process], first: signal.Signals = signal.SIGTERM) -> None:
@@ -549,28 +542,46 @@ class MiniClusterArgs:
 
 
 def main(args: MiniClusterArgs, command: list[str]) -> None:
+    flag = "" if os.path.abspath(args.dir) == str(DEFAULT_DIR) else f" --dir {shlex.quote(args.dir)}"
     if args.action == "up":
         cluster = start(args.dir, args.nodes)
         print(f"mini Slurm cluster up in {cluster.started_in_s:.1f} s: controller {cluster.controller} at "
               f"{cluster.controller_address}:{cluster.ctld_port}, nodes " +
               ", ".join(f"{n.name} ({n.address}, CPUs {n.cpus})" for n in cluster.nodes) + ".")
-        print(f"use it with:  export SLURM_CONF={cluster.conf}")
-        print(f"stop it with: sudo fleetrl minicluster down{'' if args.dir == str(DEFAULT_DIR) else ' --dir ' + args.dir}")
+        print(f"use it with:  export SLURM_CONF={shlex.quote(str(cluster.conf))}")
+        print(f"stop it with: sudo fleetrl minicluster down{flag}")
         return
     try:
-        cluster = MiniCluster.load(args.dir)
-    except (OSError, ValueError) as exc:
-        where = "" if args.dir == str(DEFAULT_DIR) else f" --dir {args.dir}"
-        raise MiniClusterError(f"No mini cluster in {args.dir} ({getattr(exc, 'strerror', None) or exc}). Start one with "
-                               f"`sudo fleetrl minicluster up{where}`, or give the --dir it was started with.") from None
+        try:
+            cluster = MiniCluster.load(args.dir)
+        except (OSError, BadRecord):
+            if args.action != "down":
+                raise
+            # the folder or its record gone, or not as this fleetrl wrote it: down stops what the registry holds for it
+            cluster = _registered_cluster(args.dir)
+    except OSError as exc:
+        raise MiniClusterError(f"No mini cluster in {args.dir} ({exc.strerror or exc}). Start one with "
+                               f"`sudo fleetrl minicluster up{flag}`, or give the --dir it was started with.") from None
     if args.action == "down":
+        check_prerequisites()
         stop(cluster)
-        print(f"mini Slurm cluster in {args.dir} stopped; its namespaces, links and files are removed.")
+        print(f"mini Slurm cluster in {args.dir} stopped; its namespaces, links and the files it made are removed.")
     elif args.action == "status":
-        print(f"export SLURM_CONF={cluster.conf}")
+        print(f"export SLURM_CONF={shlex.quote(str(cluster.conf))}")
         print(cluster.slurm("sinfo", "--Node", "--long", check=False) + cluster.slurm("squeue", check=False), end="")
     else:  # exec
         if len(args.node) != 1 or not command:
             raise MiniClusterError("Usage: fleetrl minicluster exec NODE -- COMMAND [ARGS...], e.g. fleetrl minicluster exec node2 -- hostname -I")
         argv = cluster.on_node(args.node[0], command)
         sys.exit(subprocess.run(argv, env=cluster.env()).returncode)
+
+
+def _registered_cluster(folder: str) -> MiniCluster:
+    """`down` where the folder or its record is gone, or the record is not one this fleetrl wrote: the cluster the
+    registry (root's) holds for the folder, by the names its tag gives; the loading error where the registry holds none."""
+    root = os.path.realpath(folder)
+    entries = [(tag, info) for tag, info in host.registered().items() if os.path.realpath(info["root"]) == root]
+    if not entries:
+        MiniCluster.load(folder)  # raises its error again
+    tag, info = entries[0]
+    return _recorded_or_skeleton(tag, root, info.get("made_dir", False))
