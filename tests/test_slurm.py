@@ -37,20 +37,17 @@ TRAIN = ["ppo", "--env-id", "fleetrl_test_envs:Stateless-v0", "--env-backend", "
 @pytest.fixture
 def submit_training(slurm_cluster, tmp_path):
     """``submit_training(iterations, *flags)``: docs/slurm/train.sbatch on two nodes, training ``iterations`` iterations
-    into ``tmp_path/run``; returns (job id, run dir). Each job it submitted is killed as the test ends, however it
-    ends: a failed test leaves no job holding the nodes for the next."""
-    jobs = []
-
+    into ``tmp_path/run``; returns (job id, run dir). Each job it submitted is ended for good as the test ends, however
+    it ends (a requeued job waits to start again: it is cancelled too): a failed test leaves no job holding the nodes."""
     def submit(iterations: int, *extra: str) -> tuple[str, Path]:
         run_dir = tmp_path / "run"
         env = {**fleetrl_env(), "FLEETRL_PYTHON": sys.executable}
-        jobs.append(slurm_cluster.submit(TRAIN_SCRIPT, *TRAIN, "--total-timesteps", str(iterations * BATCH), "--run-dir", str(run_dir),
-                                         *extra, cwd=tmp_path, env=env))
-        return jobs[-1], run_dir
+        job = slurm_cluster.submit(TRAIN_SCRIPT, *TRAIN, "--total-timesteps", str(iterations * BATCH), "--run-dir", str(run_dir),
+                                   *extra, cwd=tmp_path, env=env)
+        return job, run_dir
 
-    yield submit
-    for job in jobs:
-        slurm_cluster.slurm("scancel", "--signal=KILL", job, check=False)  # a finished job: Slurm only says so
+    with jobs_killed_on_exit(slurm_cluster):
+        yield submit
 
 
 def output(cluster: minicluster.MiniCluster, job: str) -> str:
@@ -267,24 +264,55 @@ BENCH_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "512", "--num-env
 BENCH_GRID = ["--env-ids", "CartPole-v1", "CartPole-v0", "--num-seeds", "2"]
 
 
-def kill_arrays(cluster: minicluster.MiniCluster, jobs: set[str]) -> None:
-    """Cancel the arrays' pending tasks, so that none starts, then kill the running ones (~2 s; a finished array: Slurm
-    only says so)."""
-    for job in jobs:
-        cluster.slurm("scancel", "--state=PENDING", job, check=False)
-        cluster.slurm("scancel", "--signal=KILL", job, check=False)
+def queued_jobs(cluster: minicluster.MiniCluster) -> set[str]:
+    """The jobs (an array counts once, by its job id) that wait, run or are completing on the cluster."""
+    return set(cluster.slurm("squeue", "--noheader", "--format=%F").split())
+
+
+def kill_arrays(cluster: minicluster.MiniCluster, jobs: set[str], timeout: float = 60) -> None:
+    """End the jobs (or arrays) for good: cancel what waits, so that none starts, and SIGKILL what runs (scancel
+    --signal alone cancels nothing pending); again until squeue lists none of them, since a job caught between a
+    requeue and its next start is neither (~2 s; a finished job: Slurm only says so)."""
+    deadline = time.monotonic() + timeout
+    while jobs := jobs & queued_jobs(cluster):
+        assert time.monotonic() < deadline, f"jobs {sorted(jobs)} still queued {timeout:g} s after they were cancelled"
+        for job in jobs:
+            cluster.slurm("scancel", "--state=PENDING", job, check=False)
+            cluster.slurm("scancel", "--signal=KILL", job, check=False)
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def jobs_killed_on_exit(cluster: minicluster.MiniCluster):
+    """Every job submitted while the block runs (through fleetrl's CLI too, whose job ids the test may never see) is
+    ended for good as the block ends, however it ends: a failed test leaves no job holding the shared cluster's nodes."""
+    before = queued_jobs(cluster)
+    try:
+        yield
+    finally:
+        kill_arrays(cluster, queued_jobs(cluster) - before)
 
 
 @pytest.fixture
 def own_jobs_killed(slurm_cluster):
-    """Every job the test submitted (through fleetrl's CLI, whose job ids the test may never see) is killed as it ends,
-    however it ends: a failed test leaves no array holding the shared cluster's nodes."""
-    def jobs() -> set[str]:
-        return set(slurm_cluster.slurm("squeue", "--noheader", "--format=%F", check=False).split())
+    with jobs_killed_on_exit(slurm_cluster):
+        yield
 
-    before = jobs()
-    yield
-    kill_arrays(slurm_cluster, jobs() - before)
+
+@pytest.mark.slurm
+@pytest.mark.timeout(120)
+def test_a_test_failing_right_after_a_requeue_leaves_the_cluster_empty(slurm_cluster, tmp_path):
+    # a requeued job waits (cred_expire) before it starts again: SIGKILL does not reach it, and it would then hold the
+    # nodes through every later test
+    with pytest.raises(RuntimeError, match="the test's own failure"):
+        with jobs_killed_on_exit(slurm_cluster):
+            job = slurm_cluster.submit(_script(tmp_path, "sleep 600"), sbatch=["--requeue", "--nodes=2"], cwd=tmp_path)
+            slurm_cluster.wait_for_job(job, ["RUNNING"], timeout=60)
+            slurm_cluster.slurm("scontrol", "requeue", job)
+            raise RuntimeError("the test's own failure")
+    assert not queued_jobs(slurm_cluster), slurm_cluster.slurm("squeue")
+    time.sleep(minicluster.REQUEUE_DELAY_S + 2)  # past the moment the requeued job would have started again
+    assert not queued_jobs(slurm_cluster), slurm_cluster.slurm("squeue")
 
 
 @pytest.fixture(scope="module")
@@ -294,19 +322,18 @@ def benchmark_both_ways(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("benchmark")
     env = slurm_cluster.env(fleetrl_env())
     procs, began = {}, time.monotonic()
-    for way, flags in (("slurm", ["--slurm"]), ("local", ["--workers", "2"])):
-        procs[way] = subprocess.Popen([sys.executable, "-m", "fleetrl", "benchmark", *BENCH_GRID, "--out", str(root / way), *flags, "--",
-                                       *BENCH_TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=root,
-                                      start_new_session=True)
-    done = {}
-    with killed_on_exit(*procs.values()):
-        for way, proc in procs.items():
-            output = proc.communicate(timeout=300)[0]
-            done[way] = (proc, output, root / way, round(time.monotonic() - began, 1))
-    yield done
-    record = root / "slurm" / "benchmark.slurm.json"
-    if record.exists():  # the array has ended already, unless the benchmark failed
-        kill_arrays(slurm_cluster, {json.loads(record.read_text())["job_id"]})
+    # its array is ended for good however the fixture ends, before its yield too (a benchmark that timed out)
+    with jobs_killed_on_exit(slurm_cluster):
+        for way, flags in (("slurm", ["--slurm"]), ("local", ["--workers", "2"])):
+            procs[way] = subprocess.Popen([sys.executable, "-m", "fleetrl", "benchmark", *BENCH_GRID, "--out", str(root / way), *flags,
+                                           "--", *BENCH_TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                          cwd=root, start_new_session=True)
+        done = {}
+        with killed_on_exit(*procs.values()):
+            for way, proc in procs.items():
+                output = proc.communicate(timeout=300)[0]
+                done[way] = (proc, output, root / way, round(time.monotonic() - began, 1))
+        yield done
 
 
 def summary_without_wall_times(out: Path) -> list[dict]:
