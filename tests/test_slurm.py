@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -24,7 +25,8 @@ from fleetrl.monitor.tbread import read_scalars
 from fleetrl.tools import minicluster, minicluster_host, slurm_jobs
 from fleetrl.tools.returns import final_return
 
-from conftest import assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_module, require_slurm, skip_unless_ci
+from conftest import (assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_module, require_slurm, run_fleetrl,
+                      skip_unless_ci)
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = REPO / "docs" / "slurm" / "train.sbatch"
@@ -479,7 +481,7 @@ def test_benchmark_tasks_fail_with_their_exit_code_and_log_a_requeue_keeps_the_l
 
 def test_slurm_flags_are_one_clear_error_where_no_slurm_answers(tmp_path):
     space = tmp_path / "space.yaml"
-    space.write_text("learning-rate: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\n")
+    space.write_text(SPACE)
     tools = {"benchmark": ["benchmark", "--env-ids", "CartPole-v1", "--out", str(tmp_path / "b"), "--slurm", "--", "true"],
              "tune": ["tune", "--env-ids", "CartPole-v1", "--search", str(space), "--out", str(tmp_path / "t"), "--slurm", "--",
                       "fleetrl", "train", "ppo"]}
@@ -499,6 +501,47 @@ def test_slurm_flags_are_one_clear_error_where_no_slurm_answers(tmp_path):
                 assert no_cluster.returncode == 2 and said in no_cluster.stderr, no_cluster.stderr
                 assert "Traceback" not in no_cluster.stderr and len(no_cluster.stderr.strip().splitlines()) == 1, no_cluster.stderr
         assert not list(tmp_path.glob("*/*.slurm")), "refused before anything was written or submitted"
+
+
+SPACE = "learning-rate: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\n"
+
+
+def test_slurm_scripts_are_their_owners_alone_and_no_flag_puts_a_line_break_into_their_header(tmp_path):
+    require_module("optuna", "tune")
+    (tmp_path / "space.yaml").write_text(SPACE)
+    bench = ["benchmark", "--env-ids", "CartPole-v1", "--slurm-template"]
+    tune = ["tune", "--env-ids", "CartPole-v1", "--search", str(tmp_path / "space.yaml"), "--slurm-template"]
+    train = ["--", "fleetrl", "train", "ppo"]
+    for tool, argv in (("benchmark", bench), ("tune", tune)):
+        out = tmp_path / tool
+        out.mkdir()
+        (out / f"{tool}.slurm").write_text("an earlier call's script\n")
+        (out / f"{tool}.slurm").chmod(0o755)
+        made = run_fleetrl(*argv, "--out", str(out), *train, timeout=120)
+        assert made.returncode == 0, made.stderr
+        assert oct(stat.S_IMODE((out / f"{tool}.slurm").stat().st_mode)) == oct(0o700), "sbatch reads it as its owner; no one else may"
+        assert subprocess.run(["bash", "-n", str(out / f"{tool}.slurm")]).returncode == 0
+    # a line break in a comment or #SBATCH line would end it there and run the rest as a command
+    for argv in ([*bench, "--out", str(tmp_path / "x\ntouch INJECTED")], [*tune, "--out", str(tmp_path / "x\ntouch INJECTED")],
+                 [*tune, "--out", str(tmp_path / "named"), "--study-name", "a\ntouch INJECTED"]):
+        refused = run_fleetrl(*argv, *train, timeout=120)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "its line break would end that line and run the rest as a shell command" in " ".join(refused.stderr.split()), refused.stderr
+        assert "\\ntouch INJECTED" in refused.stderr, "the message shows the text with its line break"
+        assert len(list(tmp_path.glob("*/*.slurm"))) == 2, "no script written besides the two above"
+
+
+@pytest.mark.slurm
+def test_an_array_record_without_a_job_id_is_one_paragraph(slurm_cluster, tmp_path):
+    out = tmp_path / "bench"
+    out.mkdir()
+    for record in ({"tasks": {"0": "CartPole-v1 seed 1"}}, ["12"], {"job_id": "--help"}):  # another version's, or edited
+        (out / "benchmark.slurm.json").write_text(json.dumps(record))
+        proc = subprocess.run([sys.executable, "-m", "fleetrl", "benchmark", "--env-ids", "CartPole-v1", "--out", str(out), "--slurm", "--",
+                               "true"], capture_output=True, text=True, timeout=120, env=slurm_cluster.env(fleetrl_env()))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "is not a record of a Slurm array" in proc.stderr and "squeue --me" in proc.stderr, proc.stderr
+    assert not (out / "benchmark.slurm").exists(), "nothing submitted"
 
 
 @pytest.mark.slurm

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from fleetrl.errors import FleetError
 from fleetrl.parent_watch import PARENT_PID_ENV
 from fleetrl.tools import slurm_jobs
 from fleetrl.tools.live import Display
@@ -191,13 +192,22 @@ def record(out: Path, tool: str, job_id: str, tasks: list[Task]) -> None:
 
 def live_array(out: Path, tool: str, env: dict[str, str] | None = None) -> tuple[str, list[str]] | None:
     """The array an earlier call submitted for ``out`` if some of its tasks still wait or run: its job id and their
-    labels; None otherwise."""
+    labels; None otherwise. A record that is not as :func:`record` writes it is a FleetError: the array it stood for
+    may still run."""
+    path = record_path(out, tool)
     try:
-        saved = json.loads(record_path(out, tool).read_text())
-    except (OSError, ValueError):
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    known = slurm_jobs.array_tasks(saved["job_id"], env)
-    labels = saved.get("tasks", {})
+    except (OSError, ValueError) as exc:
+        saved = {"unreadable": str(exc)}
+    job_id = saved.get("job_id") if isinstance(saved, dict) else None
+    if not (isinstance(job_id, str) and job_id.isdigit()):
+        raise FleetError(f"{path} is not a record of a Slurm array as fleetrl {tool} writes it (no job id in it): another version "
+                         f"of fleetrl wrote it, or it was edited. An array of an earlier call may still run: look with `squeue --me` "
+                         f"(and cancel it with scancel JOBID), then remove {path} and run the same command again.")
+    known = slurm_jobs.array_tasks(job_id, env)
+    labels = saved.get("tasks") if isinstance(saved.get("tasks"), dict) else {}
     live = [labels.get(str(i), f"task {i}") for i, fields in sorted(known.items())
             if fields.get("JobState") not in slurm_jobs.FINISHED]
-    return (saved["job_id"], live) if live else None
+    return (job_id, live) if live else None
