@@ -531,6 +531,19 @@ def test_slurm_scripts_are_their_owners_alone_and_no_flag_puts_a_line_break_into
         assert len(list(tmp_path.glob("*/*.slurm"))) == 2, "no script written besides the two above"
 
 
+def test_tune_on_slurm_refuses_a_storage_url_with_a_password_and_names_where_libpq_reads_one(tmp_path):
+    require_module("optuna", "tune")
+    (tmp_path / "space.yaml").write_text(SPACE)
+    for flag in ("--slurm", "--slurm-template"):  # the script and every task's command line would carry it
+        proc = run_fleetrl("tune", "--env-ids", "CartPole-v1", "--search", str(tmp_path / "space.yaml"), "--out", str(tmp_path / "out"),
+                           "--storage", "postgresql://tuner:s3cret@10.0.0.5:5432/study", flag, "--", "fleetrl", "train", "ppo", timeout=120)
+        text = " ".join(proc.stderr.split())
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "carries a password" in text and "PGPASSWORD" in text and "~/.pgpass" in text, text
+        assert "://tuner@10.0.0.5:5432/study" in text and "s3cret" not in proc.stdout + proc.stderr, text
+    assert not list((tmp_path / "out").glob("*.slurm")), "no script written"
+
+
 @pytest.mark.slurm
 def test_an_array_record_without_a_job_id_is_one_paragraph(slurm_cluster, tmp_path):
     out = tmp_path / "bench"
@@ -548,14 +561,22 @@ def test_an_array_record_without_a_job_id_is_one_paragraph(slurm_cluster, tmp_pa
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_four_trial_tune_array_over_both_nodes_records_exactly_four_trials_in_postgresql_on_the_bridge(
-        slurm_cluster, own_jobs_killed, tmp_path):
+        slurm_cluster, own_jobs_killed, tmp_path, monkeypatch):
     optuna = require_module("optuna", "tune")
+    from sqlalchemy.engine import make_url
+
     from fleetrl.tools.tune.storage import open_storage, parse_storage
 
     space = tmp_path / "space.yaml"
     space.write_text("learning-rate: {type: float, low: 1.0e-4, high: 3.0e-3, log: true}\nupdate-epochs: {type: int, low: 2, high: 4}\n")
     bridge = slurm_cluster.controller_address  # this machine's address on the nodes' network: the server listens there only
     with postgres_server(bridge, clients=f"{bridge.rsplit('.', 1)[0]}.0/24") as url:
+        # a server's password goes to the tasks as libpq reads it, in PGPASSWORD (sbatch passes the environment on),
+        # never in the script or a command line
+        password = make_url(url).password
+        url = make_url(url)._replace(password=None).render_as_string(hide_password=False)  # URL.set ignores None
+        if password:
+            monkeypatch.setenv("PGPASSWORD", password)
         began = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "fleetrl", "tune", "--env-ids", "CartPole-v1", "--search", str(space),
                                "--study-name", "across", "--trials", "4", "--storage", url, "--out", str(tmp_path / "out"), "--slurm",
@@ -564,9 +585,10 @@ def test_a_four_trial_tune_array_over_both_nodes_records_exactly_four_trials_in_
                               capture_output=True, text=True, timeout=360, env=slurm_cluster.env(fleetrl_env()), cwd=tmp_path)
         print(f"tune array of 2 tuners, 4 trials: {time.monotonic() - began:.1f} s")
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert not password or password not in (tmp_path / "out" / "tune.slurm").read_text()
         study = optuna.load_study(study_name="across", storage=open_storage(parse_storage(url), stale_after=600))
         trials = study.get_trials(deepcopy=False)
-    assert url.startswith(f"postgresql://postgres@{bridge}:") and not bridge.startswith("127.")
+    assert f"://postgres@{bridge}:" in url and not bridge.startswith("127.")
     assert sorted(t.number for t in trials) == [0, 1, 2, 3] and all(t.state.name == "COMPLETE" for t in trials)
     assert {t.user_attrs["host"] for t in trials} == {"node1", "node2"}, "the tuners on both nodes ran trials"
     for task in (0, 1):

@@ -46,15 +46,24 @@ def tuner_flags(args: TuneArgs) -> list[str]:
     return flags
 
 
-def check_reachable_storage(spec: StorageSpec, out: Path) -> None:
-    """Refuse a storage the array's tasks, on other hosts, cannot share: SQLite, or a database server on loopback."""
+def check_array_storage(spec: StorageSpec, out: Path, flag: str) -> None:
+    """Refuse a storage the array's tasks, on other hosts, cannot share (SQLite, or a database server on loopback), and
+    a URL with a password, which the script and every task's command line would carry (``flag``: --slurm or
+    --slurm-template, for the message)."""
     if spec.kind == "sqlite":
         raise FleetError(f"A Slurm array with an SQLite storage ({spec.shown}): array tasks run on several nodes, and SQLite breaks on a "
                          f"network filesystem. Use a journal file on the shared filesystem (--storage {out.resolve() / 'study.log'}) or PostgreSQL.")
     if spec.kind == "rdb":
         from sqlalchemy.engine import make_url
 
-        host = make_url(spec.url).host or "localhost"
+        url = make_url(spec.url)
+        if url.password is not None:  # refused, not stripped: a task without the password would fail on every node later
+            raise FleetError(f"--storage {spec.shown} carries a password, and {flag} would write it into {out.resolve() / 'tune.slurm'} "
+                             f"and every array task's command line, where others can read it. Leave it out of the URL (--storage "
+                             f"{url._replace(password=None).render_as_string(hide_password=False)}) and give it as PostgreSQL's client "
+                             f"reads it: PGPASSWORD in the environment sbatch runs in (sbatch passes it on to the tasks), or a "
+                             f"line HOST:PORT:DATABASE:USER:PASSWORD in ~/.pgpass (chmod 600) on the nodes.")
+        host = url.host or "localhost"
         try:
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:
@@ -67,7 +76,7 @@ def check_reachable_storage(spec: StorageSpec, out: Path) -> None:
 
 def write_slurm_script(args: TuneArgs, algo: Algo, spec: StorageSpec, study_name: str, out: Path) -> Path:
     """OUT/tune.slurm: --slurm-workers array tasks, each a `fleetrl tune` worker on the study, with its own sampler seed."""
-    check_reachable_storage(spec, out)
+    check_array_storage(spec, out, "--slurm-template" if args.slurm_template else "--slurm")
     out = out.resolve()  # array tasks start elsewhere: every path the workers get is absolute
     storage = str(spec.path.resolve()) if spec.kind == "journal" else spec.url
     chosen = dataclasses.replace(args, out=str(out), search=str(Path(args.search).resolve()), storage=storage, study_name=study_name)
@@ -108,7 +117,7 @@ class SlurmTasksFailed(FleetError):
 
 def check_slurm(spec: StorageSpec, out: Path) -> None:
     """--slurm: refuse before the study is touched where the array's tasks could not share it, or Slurm does not answer."""
-    check_reachable_storage(spec, out)
+    check_array_storage(spec, out, "--slurm")
     slurm_jobs.check_reachable(instead="Without Slurm, leave out --slurm to tune here, or write the script with --slurm-template.")
 
 
