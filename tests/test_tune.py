@@ -482,3 +482,14 @@ def test_storage_forms():
     assert parse_storage("sqlite:///tune.db").path == Path("tune.db") and parse_storage("t.sqlite3").url == "sqlite:///t.sqlite3"
     pg = parse_storage("postgres://u:secret@host/db")
     assert pg.kind == "rdb" and pg.url.startswith("postgresql") and "secret" not in pg.shown
+
+
+def test_a_storage_url_with_a_password_is_warned_about_and_never_echoed(tmp_path):
+    # run here (not on Slurm, which refuses it: tests/test_slurm.py), the password shows in this tuner's command line
+    proc = run_fleetrl(*tune_args(tmp_path, "--out", str(tmp_path / "out"), "--storage", "postgresql://tuner:s3cret@127.0.0.1:1/study"),
+                       timeout=120)
+    text = " ".join(proc.stderr.split())
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr  # nothing listens on port 1
+    assert "carries a password" in text and "PGPASSWORD" in text and "~/.pgpass" in text, text
+    assert "postgresql+psycopg://tuner@127.0.0.1:1/study" in text or "postgresql://tuner@127.0.0.1:1/study" in text, text
+    assert "s3cret" not in proc.stdout + proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 from fleetrl.errors import FleetError, require
@@ -56,6 +57,10 @@ def run_tune(args: TuneArgs, base: list[str]) -> None:
         return
     if args.slurm:
         check_slurm(spec, out)
+    elif spec.has_password:  # the Slurm paths refuse it (fleetrl/tools/tune/slurm.py); here it only shows
+        print(f"fleetrl tune: warning: --storage carries a password, which any user of this machine can read in this "
+              f"tuner's command line (`ps`). Give the URL without it ({spec.without_password}) and the password as "
+              f"PGPASSWORD or in ~/.pgpass (mode 0600), which libpq reads.", file=sys.stderr, flush=True)
 
     import optuna
 

@@ -57,10 +57,10 @@ def check_array_storage(spec: StorageSpec, out: Path, flag: str) -> None:
         from sqlalchemy.engine import make_url
 
         url = make_url(spec.url)
-        if url.password is not None:  # refused, not stripped: a task without the password would fail on every node later
+        if spec.has_password:  # refused, not stripped: a task without the password would fail on every node later
             raise FleetError(f"--storage {spec.shown} carries a password, and {flag} would write it into {out.resolve() / 'tune.slurm'} "
                              f"and every array task's command line, where others can read it. Leave it out of the URL (--storage "
-                             f"{url._replace(password=None).render_as_string(hide_password=False)}) and give it as PostgreSQL's client "
+                             f"{spec.without_password}) and give it as PostgreSQL's client "
                              f"reads it: PGPASSWORD in the environment sbatch runs in (sbatch passes it on to the tasks), or a "
                              f"line HOST:PORT:DATABASE:USER:PASSWORD in ~/.pgpass (chmod 600) on the nodes.")
         host = url.host or "localhost"

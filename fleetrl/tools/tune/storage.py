@@ -33,9 +33,25 @@ class StorageSpec:
 
         return make_url(self.url).render_as_string(hide_password=True)
 
+    @property
+    def has_password(self) -> bool:
+        """Whether the URL carries a password (which belongs in PGPASSWORD or ~/.pgpass, not in a command line)."""
+        if self.kind != "rdb":
+            return False
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.url).password is not None
+
+    @property
+    def without_password(self) -> str:
+        """The URL with its password left out, to give instead (libpq then reads PGPASSWORD or ~/.pgpass)."""
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.url)._replace(password=None).render_as_string(hide_password=False)
+
 
 STORAGE_FORMS = ("sqlite:///FILE.db (one machine), a journal file FILE.log or journal:///PATH (one machine or a shared filesystem), "
-                 "or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (several machines)")
+                 "or postgresql://USER@HOST[:PORT]/DATABASE (several machines; its password in PGPASSWORD or ~/.pgpass, not the URL)")
 
 
 def parse_storage(spec: str) -> StorageSpec:
