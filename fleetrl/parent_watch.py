@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
+from fleetrl.processes import pid_alive, start_time
+
 PARENT_PID_ENV = "FLEETRL_PARENT_PID"
 POLL_S = 0.5  # how soon a run notices that its tool is gone
 KILL_AFTER_S = 30.0  # a run still alive this long after that SIGTERM is killed (a stuck iteration must not live on unowned)
@@ -44,24 +46,11 @@ def watch_parent() -> threading.Thread | None:
     value = os.environ.pop(PARENT_PID_ENV, "")
     if not value.isdigit():
         return None
-    import psutil
-
-    try:
-        parent = psutil.Process(int(value))  # its start time is kept: a reused pid is another process, not the tool
-    except psutil.Error:
-        parent = None  # gone before this run started
-    watcher = threading.Thread(target=_stop_when_gone, args=(parent,), name="fleetrl-parent-watch", daemon=True)
+    pid = int(value)
+    started = start_time(pid)  # kept: a reused pid is another process, not the tool (None: gone before this run started)
+    watcher = threading.Thread(target=_stop_when_gone, args=(pid, started), name="fleetrl-parent-watch", daemon=True)
     watcher.start()
     return watcher
-
-
-def _alive(parent) -> bool:
-    import psutil
-
-    try:
-        return parent is not None and parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _checkpoint_bytes() -> int | None:
@@ -76,8 +65,8 @@ def _checkpoint_bytes() -> int | None:
     return total
 
 
-def _stop_when_gone(parent) -> None:
-    while _alive(parent):
+def _stop_when_gone(pid: int, started: float | None) -> None:
+    while started is not None and pid_alive(pid, started):
         time.sleep(POLL_S)
     os.kill(os.getpid(), signal.SIGTERM)
     deadline = kill_at = time.monotonic() + KILL_AFTER_S

@@ -1,5 +1,5 @@
-"""Child processes of the trainer (env workers, the learner), never forked from it: the trainer runs threads
-(monitoring, TensorBoard's writer, OpenMP's pool), and a fork of a multi-threaded process can deadlock the child."""
+"""How fleetrl starts child processes (env workers, the learner, gym-async's workers; never a fork of the trainer), what
+each does first, and whether a process is alive. No torch here: env workers and the tools import it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ PRELOAD = "fleetrl.forkserver_init"  # the forkserver imports it first: it and i
 def default_start_method() -> str:
     """``forkserver`` where the platform has it, else ``spawn``.
 
-    Both are safe when the parent already runs threads; ``fork`` starts faster, but forking a multi-threaded
-    process can deadlock the child.
+    Both are safe when the parent already runs threads (the trainer's monitoring, TensorBoard's writer, OpenMP's pool);
+    ``fork`` starts faster, but forking a multi-threaded process can deadlock the child.
     """
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
@@ -26,3 +26,34 @@ def context(method: str | None = None) -> BaseContext:
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload([PRELOAD])  # takes effect when the server starts; every caller asks for the same
     return ctx
+
+
+# ---- is it alive ----------------------------------------------------------------------------------------------------
+
+
+def start_time(pid: int) -> float | None:
+    """When process ``pid`` started (psutil's ``create_time``), or None when there is none: with its pid, what tells a
+    process from a later one that was given the same pid (:func:`pid_alive`)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def pid_alive(pid: int, started: float | None = None) -> bool:
+    """Whether process ``pid`` still runs: it exists and is not a zombie (an ended process its parent has not reaped),
+    and, given ``started`` (:func:`start_time`), it is that process and not a later one that got its pid. A process
+    that exists but may not be read (another user's, behind ``hidepid``) counts as alive."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and proc.create_time() != started:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess is one
+        return False
+    except psutil.AccessDenied:
+        return True

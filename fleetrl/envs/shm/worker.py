@@ -22,6 +22,7 @@ import numpy as np
 from fleetrl.envs.shm.layout import Layout, map_views
 from fleetrl.envs.wrappers import set_env_index
 from fleetrl.errors import FleetError
+from fleetrl.processes import pid_alive
 
 # One-byte commands on a worker's pipe.
 STEP, RESET, CLOSE = b"s", b"r", b"c"
@@ -173,6 +174,7 @@ def worker_main(
     sys_path: list[str],
     cwd: str,
     parent_pid: int,
+    parent_started: float | None,
     spin_s: float,
     threads: int = 1,
     batch_scheduling: bool = False,
@@ -261,7 +263,7 @@ def worker_main(
                 # trainer). Not the parent process: that is the forkserver, which SIGTERM to the process group
                 # ends while the trainer lives on to checkpoint.
                 if not poller.poll(ORPHAN_POLL_MS):
-                    if not pid_alive(parent_pid):
+                    if not pid_alive(parent_pid, parent_started):
                         break
                     continue
                 try:
@@ -279,13 +281,3 @@ def worker_main(
             os.write(result_fd, record)
     finally:
         stepper.close()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
