@@ -8,7 +8,6 @@ first instruction on: the trainer stops the run and closes them. The server stil
 does (its pipe from the trainer closes).
 """
 
-import signal
+from fleetrl.processes import ignore_stop_signals
 
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server restores this one in each child to what it was here
+ignore_stop_signals()  # SIGINT too: the server restores it in each child to what it was here

@@ -28,8 +28,6 @@ import contextlib
 import importlib
 import io
 import pickle
-import signal
-import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -101,7 +99,7 @@ class Learner:
         context = processes.context()
         parent_conn, child_conn = context.Pipe()
         self._process = context.Process(target=_serve, name=PROCESS_NAME, daemon=True,
-                                        args=(child_conn, self._published, self.torch_threads, sys.path, modules))
+                                        args=(child_conn, self._published, self.torch_threads, processes.ImportPath.here(), modules))
         self._process.start()
         child_conn.close()  # so that the learner is the only holder of its end: this process sees EOF when it dies
         self._conn = parent_conn
@@ -178,12 +176,11 @@ class Learner:
 
 
 # ---------------------------------------------------------------- the learner process
-def _serve(conn, published: list[torch.Tensor], torch_threads: int, sys_path: list[str], modules: list[str]) -> None:
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)  # the trainer stops the run and checkpoints it; it then closes us
+def _serve(conn, published: list[torch.Tensor], torch_threads: int, import_path: processes.ImportPath, modules: list[str]) -> None:
+    # the trainer stops the run and checkpoints it, then closes us; the functions may live in modules only it finds
+    processes.become_child(import_path)
     with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text(PROCESS_NAME)
-    sys.path[:] = sys_path  # a forkserver's child has the server's, and the functions may live in modules only the trainer finds
     torch.set_num_threads(torch_threads)
     for name in modules:
         with contextlib.suppress(Exception):  # only a head start: unpickling the state imports them anyway, and reports failures

@@ -190,10 +190,11 @@ class GymSyncVectorEnv:
 def _gym_async_vector(env_fns: list[Callable[[], gym.Env]], **kwargs: Any) -> gym.vector.AsyncVectorEnv:
     """gymnasium's AsyncVectorEnv with its processes started as every child of the trainer is (fleetrl/processes.py):
     by the forkserver, ignoring SIGTERM and Ctrl-C from birth. gymnasium's default, a fork, would copy the trainer,
-    its running threads (a fork of a multi-threaded process can deadlock the child) and its signal handlers."""
-    from fleetrl.processes import context
+    its running threads (a fork of a multi-threaded process can deadlock the child) and its signal handlers. Each env
+    function first makes its worker a child as fleetrl's own are (:class:`fleetrl.processes.CallInChild`)."""
+    from fleetrl.processes import CallInChild, context
 
-    return gym.vector.AsyncVectorEnv(env_fns, context=context().get_start_method(), **kwargs)
+    return gym.vector.AsyncVectorEnv([CallInChild(fn) for fn in env_fns], context=context().get_start_method(), **kwargs)
 
 
 class GymAsyncVectorEnv(GymSyncVectorEnv):

@@ -32,7 +32,7 @@ import numpy as np
 from fleetrl.envs.shm.layout import Layout
 from fleetrl.envs.shm.worker import CLOSE, OK, RESET, STEP, THREAD_VARS, worker_main
 from fleetrl.errors import EnvWorkerError, FleetError
-from fleetrl.processes import start_time
+from fleetrl.processes import ImportPath, start_time
 
 READ_SIZE = 4096  # a multiple of the 4-byte record, so a read never splits one
 CLOSE_GRACE_S = 2.0  # close(): time for workers to close their envs and exit on their own before SIGKILL
@@ -88,8 +88,7 @@ class Supervisor:
         self.seed_base: np.ndarray | None = None  # each env's seed at the last seeded reset, for restarts
         self.ready: deque[int] = deque()
         self.closed = False
-        self._sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
-        self._cwd = os.getcwd()
+        self._import_path = ImportPath.here()  # the workers', restarted ones too
         self._started = start_time(os.getpid())  # the workers' parent: its pid with this, never a later process's pid
         # One result pipe for all workers. The trainer keeps its write end too, for workers it starts later
         # (restarts); deaths are seen on the process sentinels, not as end-of-file here.
@@ -365,7 +364,7 @@ class Supervisor:
                 target=worker_main,
                 name=f"fleetrl-env-worker-{worker.index}",
                 args=(worker.index, worker.generation, worker.lo, worker.payload, self._buffer, self._layout, cmd_r,
-                      self._result_w, err_w, self._sys_path, self._cwd, os.getpid(), self._started, self.spin_us * 1e-6, self.threads,
+                      self._result_w, err_w, self._import_path, os.getpid(), self._started, self.spin_us * 1e-6, self.threads,
                       self.batch_scheduling),
                 daemon=True,  # belt and braces: multiprocessing terminates daemons at a normal exit
             )

@@ -8,7 +8,6 @@ import contextlib
 import os
 import pickle
 import select
-import signal
 import sys
 import threading
 import time
@@ -22,7 +21,7 @@ import numpy as np
 from fleetrl.envs.shm.layout import Layout, map_views
 from fleetrl.envs.wrappers import set_env_index
 from fleetrl.errors import FleetError
-from fleetrl.processes import pid_alive
+from fleetrl.processes import ImportPath, become_child, pid_alive
 
 # One-byte commands on a worker's pipe.
 STEP, RESET, CLOSE = b"s", b"r", b"c"
@@ -171,8 +170,7 @@ def worker_main(
     cmd_conn: Connection,
     result_conn: Connection,
     error_conn: Connection,
-    sys_path: list[str],
-    cwd: str,
+    import_path: ImportPath,
     parent_pid: int,
     parent_started: float | None,
     spin_s: float,
@@ -182,22 +180,13 @@ def worker_main(
     """Build envs ``lo .. lo+len(env_fns)-1``, then serve step/reset commands until told to close.
     ``batch_scheduling``: run under SCHED_BATCH (its stepping threads too), so that waking this worker never preempts
     the trainer while it writes the other workers' commands."""
-    # The parent owns shutdown: a Ctrl-C in the terminal, or Slurm's SIGTERM before a preemption, reaches the
-    # whole process group, and workers dying mid-step would turn the trainer's checkpoint-and-stop into restarts.
-    # A worker still exits when its parent dies (see ``parent_pid``).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The trainer owns the stop; a worker still exits when it dies (see ``parent_pid``). Its import path, before the
+    # env functions are unpickled: custom env modules (``mymod:MyEnv-v0``) import here exactly as in the trainer.
+    become_child(import_path)
     limit_threads()
     if batch_scheduling:
         with contextlib.suppress(OSError, AttributeError):  # not Linux, or refused: the default policy only costs speed
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    # forkserver children inherit the server's sys.path and cwd, not the parent's current ones; custom
-    # env modules (``mymod:MyEnv-v0``) must import here exactly as they do in the parent.
-    sys.path[:] = list(sys_path) + [p for p in sys.path if p not in sys_path]
-    try:
-        os.chdir(cwd)
-    except OSError:
-        pass
     cmd_fd, result_fd = cmd_conn.fileno(), result_conn.fileno()
     record = record_of(index, generation)
     views = map_views(buffer, layout)
