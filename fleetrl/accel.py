@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from fleetrl.errors import FleetError
+from fleetrl.files import write_atomically
 from fleetrl.nets import network_obs_dtype
 from fleetrl.optim import SGD
 
@@ -212,9 +213,7 @@ def _write_cache(key: str, entry: dict[str, Any]) -> None:
     path = cache_dir() / CACHE_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{CACHE_FILE}.{os.getpid()}")
-        tmp.write_text(json.dumps({**_read_cache(), key: entry}, indent=1))
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps({**_read_cache(), key: entry}, indent=1))
     except OSError:
         pass
 

@@ -32,7 +32,6 @@ import os
 import pickle
 import random
 import re
-import socket
 import sys
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from fleetrl import files
 from fleetrl.errors import FleetError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -49,7 +49,6 @@ FORMAT = 3  # 2: a manifest with a checksum and a write sequence beside every ch
 _NAME = re.compile(r"ckpt_(\d+)\.pt")
 _SHARD_NAME = re.compile(r"(ckpt_\d+)\.rank(\d+)\.pt")
 READ_CHUNK = 1 << 20  # bytes hashed at a time when a shard is verified
-_HOST = socket.gethostname()  # in temporary names: on shared storage, only the machine that wrote one can tell if its writer lives
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 
 
@@ -121,7 +120,7 @@ def write_shard(state: dict[str, Any], run_dir: str | Path, global_step: int, ra
     path = shard_path(run_dir, global_step, rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(path.parent)  # each rank its own machine's: another machine's writer may be alive
+        files.remove_stale_temporaries(path.parent, "ckpt_")  # each rank its own machine's: another machine's writer may be alive
         size, sha256 = _write_atomically(path, lambda f: torch.save(state, f))
     except (OSError, RuntimeError) as exc:
         with contextlib.suppress(OSError):
@@ -141,7 +140,7 @@ def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int, shard
     entries = _entries(run_dir)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(path.parent)
+        files.remove_stale_temporaries(path.parent, "ckpt_")
         size, sha256 = _write_atomically(path, lambda f: torch.save(state, f))
         manifest = {"format": FORMAT, "global_step": int(state["global_step"]), "sequence": max((e.sequence for e in entries), default=0) + 1,
                     "size": size, "sha256": sha256, "algo": state.get("algo"), "shards": list(shards)}
@@ -196,28 +195,16 @@ class _HashingWriter:
 
 
 def _write_atomically(path: Path, write: Callable[[BinaryIO], Any]) -> tuple[int, str]:
-    """Stream ``write(file)`` into a temporary file beside ``path``, fsync it, rename it over ``path`` and fsync the
-    folder; return the size and sha256 of what was written."""
-    tmp = path.with_name(f".{path.name}.tmp-{_HOST}-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            out = _HashingWriter(f)
-            try:
-                write(out)
-            except RuntimeError:
-                if out.error is None:
-                    raise
-                raise out.error from None  # the OSError says why (ENOSPC), torch's RuntimeError does not
-            f.flush()
-            os.fsync(f.fileno())  # ENOSPC and EDQUOT can surface here, not at write()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    """Stream ``write(file)`` into a temporary file beside ``path``, renamed over it with the file and the rename fsync'd
+    (:func:`fleetrl.files.atomic_file`); return the size and sha256 of what was written."""
+    with files.atomic_file(path, durable=True) as f:
+        out = _HashingWriter(f)
+        try:
+            write(out)
+        except RuntimeError:
+            if out.error is None:
+                raise
+            raise out.error from None  # the OSError says why (ENOSPC), torch's RuntimeError does not
     return out.size, out.sha256.hexdigest()
 
 
@@ -225,19 +212,10 @@ def temporary_bytes(run_dir: str | Path) -> int:
     """The bytes in the run's checkpoint files being written (their temporary files, every rank's where the folder is
     shared): what grows while a checkpoint is in progress (fleetrl/parent_watch.py lets it finish)."""
     total = 0
-    for p in (Path(run_dir) / CHECKPOINT_DIR).glob(".ckpt_*.tmp-*"):
+    for p in files.temporaries(Path(run_dir) / CHECKPOINT_DIR, "ckpt_"):
         with contextlib.suppress(OSError):  # renamed into place meanwhile
             total += p.stat().st_size
     return total
-
-
-def _remove_stale_temporaries(folder: Path) -> None:
-    """Temporary files that a killed writer on this machine left behind."""
-    for p in folder.glob(".ckpt_*.tmp-*"):
-        host, _, pid = p.name.split(".tmp-", 1)[1].rpartition("-")
-        if host in ("", _HOST) and (not pid.isdigit() or not Path(f"/proc/{pid}").exists()):  # "": named before hosts were
-            with contextlib.suppress(OSError):
-                p.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: str | Path, algo: str | None = None) -> dict[str, Any]:

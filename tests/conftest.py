@@ -166,6 +166,19 @@ def skip_unless_ci(reason: str, ci_provides: bool = True) -> NoReturn:
     pytest.skip(reason, allow_module_level=True)
 
 
+def tmpfs(tmp_path, name: str, size: str):
+    """A real tmpfs of ``size`` (root only), unmounted after: writes fail with ENOSPC once it is full. CI runs as root,
+    so there a mount that fails is a failure, never a skip."""
+    mount = tmp_path / name
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode != 0:
+        skip_unless_ci("mounting a small tmpfs needs root (CI runs as root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+
+
 def require_module(name: str, extra: str | None = None):
     """``name`` imported, or :func:`skip_unless_ci` saying what to install (an ``extra`` of fleetrl)."""
     import importlib

@@ -25,7 +25,8 @@ from fleetrl.errors import FleetError
 from fleetrl.sampling.replay import CHECKPOINT_BYTES
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, run_fleetrl_in_process, skip_unless_ci, start_fleetrl
+from conftest import (assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, run_fleetrl_in_process,
+                      start_fleetrl, tmpfs)
 
 STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync"]
 BATCH = 4 * 128  # classic control's default batch
@@ -397,19 +398,6 @@ def test_ppo_goes_on_through_env_worker_crashes_counts_them_and_stops_after_the_
 
 
 # ------------------------------------------------------------------------------------------ a disk that fills up
-def tmpfs(tmp_path, name: str, size: str):
-    """A real tmpfs of ``size`` (root only), unmounted after: writes fail with ENOSPC once it is full. CI runs as root,
-    so there a mount that fails is a failure, never a skip."""
-    mount = tmp_path / name
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode != 0:
-        skip_unless_ci("mounting a small tmpfs needs root (CI runs as root)")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)])
-
-
 @pytest.fixture
 def small_disk(tmp_path):
     """400 KiB: a run fills it with its own logs and checkpoints."""

@@ -33,6 +33,7 @@ import numpy as np
 
 from fleetrl.envs.wrappers import EpisodeStats
 from fleetrl.errors import FleetError
+from fleetrl.files import move_into_place, temporary_path
 
 DEFAULT_FPS = 30
 
@@ -140,7 +141,7 @@ class VideoRecorder(gym.Wrapper):
         self._finish()  # never two at once
         self.video_dir.mkdir(parents=True, exist_ok=True)
         self._final_path = self.video_dir / f"{name}.mp4"
-        self._tmp_path = self.video_dir / f".{name}.partial.mp4"  # ffmpeg picks the container from the ending
+        self._tmp_path = temporary_path(self._final_path, suffix=".mp4")  # ffmpeg picks the container from the ending
         self._frames = 0
 
     def _capture(self) -> None:
@@ -184,7 +185,7 @@ class VideoRecorder(gym.Wrapper):
         try:
             if writer is not None:
                 writer.close()
-                os.replace(tmp, final)
+                move_into_place(tmp, final)
                 self.videos.append(final)
         except BaseException:
             tmp.unlink(missing_ok=True)

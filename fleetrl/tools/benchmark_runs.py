@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleetrl.errors import FleetError
+from fleetrl.files import write_atomically
 from fleetrl.tools.processes import describe_exit, has_flag, log_tail, resolve_command, run_name, train_args
 from fleetrl.tools.returns import final_return
 from fleetrl.tools.slurm_array import Task
@@ -86,11 +85,9 @@ def read_status(path: Path) -> dict | None:
 
 
 def write_status(path: Path, status: dict) -> None:
-    """Write then rename: a reader (or a crash) never sees half a file."""
+    """Written through a temporary file: a reader (or a crash) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(json.dumps(status) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(status) + "\n")
 
 
 def finished_runs(runs: list[Run], out: Path, base: list[str]) -> set[Run]:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import csv
-import os
 import shlex
 import warnings
 from pathlib import Path
 
+from fleetrl.files import atomic_file, replacing
 from fleetrl.tools import live
 from fleetrl.tools.processes import log_tail
 from fleetrl.tools.text import plural
@@ -38,32 +38,23 @@ class Display(live.Display):
 # ---- results ----------------------------------------------------------------------------------
 
 
-def write_atomically(path: Path, write) -> None:
-    """Write to a temporary file, then rename: tuners of one study finishing together never leave half a file."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_trials_csv(trials: list, params: list[Param], path: Path) -> None:
     header = ["number", "state", "value", "duration_s", *[p.name for p in params], "pruned_at_step", "exit_code", "fail_reason",
               "log", "run_dirs", "retry_of", "host", "datetime_start"]
 
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            for t in trials:
-                attrs = t.user_attrs
-                duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
-                writer.writerow([t.number, t.state.name, "" if t.value is None else t.value, "" if duration is None else round(duration, 1),
-                                 *[format_value(t.params[p.name]) if p.name in t.params else "" for p in params],
-                                 attrs.get("pruned_at_step", ""), "" if attrs.get("exit_code") is None else attrs["exit_code"],
-                                 attrs.get("fail_reason", ""), attrs.get("log", ""), ";".join(attrs.get("run_dirs", [])),
-                                 "" if attrs.get("retry_of") is None else attrs["retry_of"], attrs.get("host", ""),
-                                 t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else ""])
-
-    write_atomically(path, write)
+    # through a temporary file: tuners of one study finishing together never leave half a file
+    with atomic_file(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for t in trials:
+            attrs = t.user_attrs
+            duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+            writer.writerow([t.number, t.state.name, "" if t.value is None else t.value, "" if duration is None else round(duration, 1),
+                             *[format_value(t.params[p.name]) if p.name in t.params else "" for p in params],
+                             attrs.get("pruned_at_step", ""), "" if attrs.get("exit_code") is None else attrs["exit_code"],
+                             attrs.get("fail_reason", ""), attrs.get("log", ""), ";".join(attrs.get("run_dirs", [])),
+                             "" if attrs.get("retry_of") is None else attrs["retry_of"], attrs.get("host", ""),
+                             t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else ""])
 
 
 def write_plots(study, out: Path) -> list[str]:
@@ -88,7 +79,8 @@ def write_plots(study, out: Path) -> list[str]:
             try:
                 ax = draw(study)
                 fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
-                write_atomically(out / name, lambda tmp: fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png"))
+                with replacing(out / name) as tmp:
+                    fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
                 plt.close(fig)
                 notes.append(str(out / name))
             except Exception as exc:  # noqa: BLE001 - a plot is a convenience: say why it is missing, keep the results

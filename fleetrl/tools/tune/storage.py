@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetrl.errors import FleetError
+from fleetrl.files import exclusive_lock
 
 HEARTBEAT_MAX_S = 60  # a running trial tells the storage it is alive at least this often
 
@@ -111,7 +112,8 @@ def open_storage(spec: StorageSpec, stale_after: float):
             try:
                 # SQLite: tuners on this machine create the tables one at a time (the study's file lock); two at once
                 # raced in Optuna's schema setup (UNIQUE constraint failed: alembic_version.version_num)
-                with _file_lock(Path(f"{spec.path}.fleetrl-lock") if spec.kind == "sqlite" else None), warnings.catch_warnings():
+                lock = exclusive_lock(f"{spec.path}.fleetrl-lock") if spec.kind == "sqlite" else contextlib.nullcontext()
+                with lock, warnings.catch_warnings():
                     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat is "experimental"
                     return optuna.storages.RDBStorage(spec.url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval(stale_after),
                                                       grace_period=int(stale_after), heartbeat_stale_trial_callback=requeue_stale)
@@ -127,19 +129,6 @@ def open_storage(spec: StorageSpec, stale_after: float):
                 "sqlite": "Check that the folder exists and can be written (and is not on a network filesystem: use a journal file there).",
                 "journal": "Check that the folder can be written."}[spec.kind]
         raise FleetError(f"Cannot open the study storage {spec.shown}: {type(exc).__name__}: {first} {hint}") from None
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path | None):
-    """An exclusive lock on ``path`` for the block (none when ``path`` is None); released if the process dies."""
-    if path is None:
-        yield
-        return
-    import fcntl
-
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
 
 
 def heartbeat_interval(stale_after: float) -> int:
@@ -165,7 +154,7 @@ class StudyLock:
     def held(self):
         with self._thread_lock:
             if self._lock_path is not None:
-                with _file_lock(self._lock_path):
+                with exclusive_lock(self._lock_path):
                     yield
             elif self._spec.url.startswith("postgresql"):
                 from sqlalchemy import text
