@@ -50,14 +50,14 @@ def _eval(argv: list[str]) -> None:
 
 def _benchmark(argv: list[str]) -> None:
     from fleetrl.tools.benchmark import DESCRIPTION, BenchmarkArgs, run_benchmark
-    from fleetrl.tools.processes import split_command
+    from fleetrl.tools.runs import split_command
 
     flags, command = split_command(argv)
     run_benchmark(tyro.cli(BenchmarkArgs, args=flags, prog="fleetrl benchmark", description=DESCRIPTION), command)
 
 
 def _tune(argv: list[str]) -> None:
-    from fleetrl.tools.processes import split_command
+    from fleetrl.tools.runs import split_command
     from fleetrl.tools.tune import DESCRIPTION, TuneArgs, run_tune
 
     flags, command = split_command(argv)
@@ -89,7 +89,7 @@ def _preflight(argv: list[str]) -> None:
 
 
 def _minicluster(argv: list[str]) -> None:
-    from fleetrl.tools.processes import split_command
+    from fleetrl.tools.runs import split_command
     from fleetrl.tools.minicluster import MiniClusterArgs, main
 
     flags, command = split_command(argv)

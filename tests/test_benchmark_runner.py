@@ -13,7 +13,7 @@ import pytest
 
 from fleetrl.errors import FleetError
 from fleetrl.tools.benchmark import Run, check_command, run_command
-from fleetrl.tools.processes import split_command
+from fleetrl.tools.runs import split_command
 
 from conftest import killed_on_exit, run_fleetrl, start_fleetrl, run_fleetrl_in_process
 
@@ -203,7 +203,7 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
 
     from fleetrl import checkpoint
     from fleetrl.monitor.tbread import read_scalars
-    from fleetrl.tools.processes import run_name
+    from fleetrl.tools.runs import run_name
 
     from conftest import fleetrl_env
 

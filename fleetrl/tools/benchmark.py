@@ -34,8 +34,8 @@ from fleetrl.tools.benchmark_runs import (
     write_status,
 )
 from fleetrl.tools.benchmark_slurm import check_slurm, run_array, write_slurm_script
-from fleetrl.tools.processes import child_env, describe_exit, has_flag, signal_group, start_run, stop_runs
 from fleetrl.tools.returns import FINAL_POINTS, RETURN_TAG, final_return
+from fleetrl.tools.runs import child_env, describe_exit, has_flag, signal_group, start_run, stop_runs
 from fleetrl.tools.text import markdown_table, plural, print_table
 
 RUNNER_FLAGS = ("--env-id", "--seed", "--run-dir")  # the runner appends these to every run

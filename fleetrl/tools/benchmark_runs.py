@@ -11,8 +11,8 @@ from pathlib import Path
 
 from fleetrl.errors import FleetError
 from fleetrl.files import write_atomically
-from fleetrl.tools.processes import describe_exit, has_flag, log_tail, resolve_command, run_name, train_args
 from fleetrl.tools.returns import final_return
+from fleetrl.tools.runs import describe_exit, has_flag, log_tail, resolve_command, run_name, train_args
 from fleetrl.tools.slurm_array import Task
 
 

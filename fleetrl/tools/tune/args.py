@@ -8,7 +8,7 @@ from typing import Literal
 
 from fleetrl import config
 from fleetrl.errors import FleetError
-from fleetrl.tools.processes import run_name
+from fleetrl.tools.runs import run_name
 
 
 @dataclass

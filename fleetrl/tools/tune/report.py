@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fleetrl.files import atomic_file, replacing
 from fleetrl.tools import live
-from fleetrl.tools.processes import log_tail
+from fleetrl.tools.runs import log_tail
 from fleetrl.tools.text import plural
 from fleetrl.tools.tune.args import TuneArgs
 from fleetrl.tools.tune.space import Param, format_value

@@ -12,7 +12,7 @@ from typing import Any
 
 from fleetrl import config
 from fleetrl.errors import FleetError
-from fleetrl.tools.processes import has_flag, train_args
+from fleetrl.tools.runs import has_flag, train_args
 
 RUNNER_FIELDS = ("env_id", "seed", "run_dir", "resume")  # set by the tuner for every run (and --no-progress, unless given)
 FIXED_FIELDS = ("total_timesteps",)  # the budget trials are compared at: set in the command, never tuned

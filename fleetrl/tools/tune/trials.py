@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetrl.tools.processes import start_run, stop_runs
+from fleetrl.tools.runs import start_run, stop_runs
 from fleetrl.tools.tune.score import EpisodeFollower
 
 
@@ -40,7 +40,7 @@ class TrialRun:
 
 
 def stop_trial_runs(runs: list[TrialRun]) -> None:
-    """Stop the trial's started runs, each with its process group (:func:`fleetrl.tools.processes.stop_runs`)."""
+    """Stop the trial's started runs, each with its process group (:func:`fleetrl.tools.runs.stop_runs`)."""
     stop_runs(run.proc for run in runs if run.proc is not None)
 
 

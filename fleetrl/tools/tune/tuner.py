@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetrl.cores import available_cores
-from fleetrl.tools.processes import child_env, describe_exit, has_flag, log_tail, resolve_command, run_name, signal_group
+from fleetrl.tools.runs import child_env, describe_exit, has_flag, log_tail, resolve_command, run_name, signal_group
 from fleetrl.tools.tune.args import TuneArgs
 from fleetrl.tools.tune.report import Display
 from fleetrl.tools.tune.score import trial_score
