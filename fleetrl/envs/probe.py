@@ -1,6 +1,6 @@
-"""Measurements of an env before training: what one step costs (wall time, and how much of it is CPU), whether copies
-of it may step from several threads at once, and a random-action stepper of vector envs. ``--env-backend auto``, the
-stepping plan (:mod:`fleetrl.envs.stepping`) and ``fleetrl bench-env`` are built on them.
+"""The start-up probes of an env, before training: what one step costs (wall time, and how much of it is CPU), and whether
+copies of it may step from several threads at once. ``--env-backend auto`` and the stepping plan
+(:mod:`fleetrl.envs.stepping`) are built on them; ``fleetrl bench-env`` (fleetrl/tools/bench_env.py) uses them too.
 
 Every probe is bounded as training is: each call of the env (a step or a reset) gets ``--env-timeout`` seconds, its
 construction at least ``MIN_BUILD_TIMEOUT_S`` (as the async backend's workers get). The probe runs in a thread of its
@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -112,14 +111,6 @@ class StepCost:
     def describe(self) -> str:
         """e.g. ``one step takes 5,120 us, 4% of it CPU``."""
         return f"one step takes {self.wall_us:,.0f} us, {self.cpu_share:.0%} of it CPU" + (f" ({self.note})" if self.note else "")
-
-
-def random_actions(space: gym.Space, count: int, rng: np.random.Generator) -> np.ndarray:
-    if isinstance(space, gym.spaces.Discrete):
-        return rng.integers(space.start, space.start + space.n, size=count)
-    if isinstance(space, gym.spaces.Box):
-        return rng.uniform(space.low, space.high, size=(count, *space.shape)).astype(space.dtype)
-    raise FleetError(f"fleetrl cannot sample random actions of {space} to measure the env; choose --env-backend yourself.")
 
 
 def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS, env_timeout: float | None = ENV_TIMEOUT_S) -> StepCost:
@@ -234,54 +225,3 @@ def _trajectory(env: gym.Env, actions: list[Any], watch: Watch) -> list[tuple]:
 def _same(a: list[tuple], b: list[tuple]) -> bool:
     return len(a) == len(b) and all(len(x) == len(y) and all(np.array_equal(u, v) for u, v in zip(x, y)) for x, y in zip(a, b))
 
-
-class RandomStepper:
-    """Steps a vector env with random actions: by ``step``, or by ``send``/``recv``.
-
-    ``groups``: env-id groups (from ``envs.split``) sent in turn, each received by its ids before it is
-    sent again: the zero-lag sampler's halves. Each :meth:`run` sends them all first and receives
-    them all before it returns, so no work done between runs is counted. ``first_ready``: every env
-    stays in flight and each ``recv`` takes the first batch ready (EnvPool's async model,
-    ``async_batch`` < ``num_envs``); meant for one long run after a warm-up.
-    """
-
-    def __init__(self, envs: Any, rng: np.random.Generator, groups: list[np.ndarray] | None = None, first_ready: bool = False):
-        self.envs, self.groups, self.first_ready = envs, groups, first_ready
-        self._actions = [random_actions(envs.single_action_space, envs.num_envs, rng) for _ in range(16)]
-        self._i = 0
-        self._primed = False  # first-ready: every env has been sent once
-
-    def _next_actions(self) -> np.ndarray:
-        self._i += 1
-        return self._actions[self._i % 16]
-
-    def run(self, seconds: float, min_batches: int = 1) -> int:
-        """Step for ``seconds`` (at least ``min_batches`` batches); returns the env steps taken."""
-        envs, steps, batches = self.envs, 0, 0
-        deadline = time.perf_counter() + seconds
-        if self.groups:
-            sent = deque(self.groups)
-            for ids in sent:
-                envs.send(self._next_actions()[: len(ids)], ids)
-            while sent:
-                ids = sent.popleft()
-                envs.recv(ids)
-                steps += len(ids)
-                batches += 1
-                if batches < min_batches or time.perf_counter() < deadline:
-                    envs.send(self._next_actions()[: len(ids)], ids)
-                    sent.append(ids)
-            return steps
-        if self.first_ready and not self._primed:
-            envs.send(self._actions[0], np.arange(envs.num_envs))
-            self._primed = True
-        while batches < min_batches or time.perf_counter() < deadline:
-            if self.first_ready:
-                *_, ids = envs.recv()
-                envs.send(self._next_actions()[: len(ids)], ids)
-                steps += len(ids)
-            else:
-                envs.step(self._next_actions())
-                steps += envs.num_envs
-            batches += 1
-        return steps

@@ -16,8 +16,11 @@ import json
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import psutil
 
@@ -25,7 +28,6 @@ from fleetrl import config
 from fleetrl.cores import available_cores, cores
 from fleetrl.envs import BACKENDS, env_family, make_vector_env
 from fleetrl.envs.atari import FRAME_SKIP
-from fleetrl.envs.probe import RandomStepper
 from fleetrl.envs.stepping import SteppingPlan, plan_stepping
 from fleetrl.envs.vector import check_async_batch
 from fleetrl.errors import FleetError
@@ -95,6 +97,66 @@ def _tree_rss_mb(proc: psutil.Process) -> float:
         except psutil.Error:
             pass
     return total / 2**20
+
+
+def random_actions(space: gym.Space, count: int, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(space, gym.spaces.Discrete):
+        return rng.integers(space.start, space.start + space.n, size=count)
+    if isinstance(space, gym.spaces.Box):
+        return rng.uniform(space.low, space.high, size=(count, *space.shape)).astype(space.dtype)
+    raise FleetError(f"fleetrl cannot sample random actions of {space} to measure the env; choose --env-backend yourself.")
+
+
+class RandomStepper:
+    """Steps a vector env with random actions: by ``step``, or by ``send``/``recv``.
+
+    ``groups``: env-id groups (from ``envs.split``) sent in turn, each received by its ids before it is
+    sent again: the zero-lag sampler's halves. Each :meth:`run` sends them all first and receives
+    them all before it returns, so no work done between runs is counted. ``first_ready``: every env
+    stays in flight and each ``recv`` takes the first batch ready (EnvPool's async model,
+    ``async_batch`` < ``num_envs``); meant for one long run after a warm-up.
+    """
+
+    def __init__(self, envs: Any, rng: np.random.Generator, groups: list[np.ndarray] | None = None, first_ready: bool = False):
+        self.envs, self.groups, self.first_ready = envs, groups, first_ready
+        self._actions = [random_actions(envs.single_action_space, envs.num_envs, rng) for _ in range(16)]
+        self._i = 0
+        self._primed = False  # first-ready: every env has been sent once
+
+    def _next_actions(self) -> np.ndarray:
+        self._i += 1
+        return self._actions[self._i % 16]
+
+    def run(self, seconds: float, min_batches: int = 1) -> int:
+        """Step for ``seconds`` (at least ``min_batches`` batches); returns the env steps taken."""
+        envs, steps, batches = self.envs, 0, 0
+        deadline = time.perf_counter() + seconds
+        if self.groups:
+            sent = deque(self.groups)
+            for ids in sent:
+                envs.send(self._next_actions()[: len(ids)], ids)
+            while sent:
+                ids = sent.popleft()
+                envs.recv(ids)
+                steps += len(ids)
+                batches += 1
+                if batches < min_batches or time.perf_counter() < deadline:
+                    envs.send(self._next_actions()[: len(ids)], ids)
+                    sent.append(ids)
+            return steps
+        if self.first_ready and not self._primed:
+            envs.send(self._actions[0], np.arange(envs.num_envs))
+            self._primed = True
+        while batches < min_batches or time.perf_counter() < deadline:
+            if self.first_ready:
+                *_, ids = envs.recv()
+                envs.send(self._next_actions()[: len(ids)], ids)
+                steps += len(ids)
+            else:
+                envs.step(self._next_actions())
+                steps += envs.num_envs
+            batches += 1
+        return steps
 
 
 def measure(env_id: str, backend: str, num_envs: int, seconds: float, async_batch: int | None = None,
