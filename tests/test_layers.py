@@ -1,16 +1,24 @@
 """The house's layering: no import cycles in the package, and no import that runs up the layers (the env layer knows no
 sampler, the monitor no run, the engine no algorithm, nothing below the tools a tool). Read from the source, imports in
-functions included (a ``TYPE_CHECKING`` block is only for type hints and is left out)."""
+functions included (a ``TYPE_CHECKING`` block is only for type hints and is left out). And each small rule has one home:
+no second copy of write-then-rename, a file lock, ignoring the stop signals or a pid check comes back."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import fleetrl
 
+from conftest import fleetrl_env
+
 PACKAGE = Path(fleetrl.__file__).parent
 TOP = ("fleetrl.cli", "fleetrl.evaluate", "fleetrl.tools")  # the commands: they may import anything
+# the bottom: small helpers that env workers, children and the tools import; they import only each other, and no torch
+BOTTOM = ("fleetrl.errors", "fleetrl.cores", "fleetrl.files", "fleetrl.processes", "fleetrl.parent_watch", "fleetrl.forkserver_init")
 # each layer, and what it must never import (everything above it)
 FORBIDDEN = {
     "fleetrl.envs": ("fleetrl.sampling", "fleetrl.monitor", "fleetrl.run", "fleetrl.algos", "fleetrl.offpolicy", "fleetrl.learner",
@@ -23,6 +31,16 @@ FORBIDDEN = {
                                                          "fleetrl.accel", "fleetrl.distributed", "fleetrl.checkpoint",
                                                          "fleetrl.runtime", "fleetrl.policy")},
 }
+
+# each rule's one home (a path under fleetrl/), and what a second copy of it looks like
+HOMES = {
+    "files.py": {"write-then-rename": r"\bos\.(replace|rename)\(", "file lock": r"\bfcntl\.(flock|lockf)\b"},
+    "processes.py": {"ignoring the stop signals": r"\bSIG_IGN\b",
+                     "is this pid alive": r"\bos\.kill\([^,()]+,\s*0\)|\bpid_exists\b|\bSTATUS_ZOMBIE\b"},
+}
+# migrating: issue 33 part 5
+NOT_YET_MOVED = {("tools/slurm_array.py", "write-then-rename"), ("tools/minicluster_host.py", "file lock"),
+                 ("tools/minicluster.py", "is this pid alive")}
 
 
 def modules() -> dict[str, Path]:
@@ -110,3 +128,23 @@ def test_no_import_runs_up_the_layers():
 def test_the_checks_see_a_cycle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert "fleetrl.envs.vector" in import_graph()["fleetrl.sampling.sampler"], "the graph holds real imports"
+
+
+def test_the_bottom_imports_nothing_above_it_and_no_torch():
+    graph = import_graph()
+    assert {m: sorted(graph[m] - set(BOTTOM)) for m in BOTTOM if graph[m] - set(BOTTOM)} == {}
+    code = f"import sys, {', '.join(BOTTOM)}; print(sorted(m for m in ('torch', 'numpy', 'gymnasium') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=fleetrl_env())
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+
+
+def test_each_small_rule_is_written_once_in_its_home():
+    copies = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        text = path.read_text()
+        for home, rules in HOMES.items():
+            for rule, pattern in rules.items():
+                if name != home and (name, rule) not in NOT_YET_MOVED and re.search(pattern, text):
+                    copies.append(f"{name}: {rule} (its home is fleetrl/{home})")
+    assert copies == []
