@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fleetrl.processes import pid_alive
 from fleetrl.tools import minicluster, minicluster_host
 
 from conftest import fleetrl_env, require_slurm
@@ -273,7 +274,7 @@ def test_an_old_or_edited_cluster_record_is_one_paragraph_and_down_still_stops_t
             assert down.returncode == 0, down.stderr
             assert link_exists("fmcdecoy0"), "the link the edited record names is not deleted"
             assert not link_exists(minicluster_host.bridge_name(record["tag"])), "the cluster's own bridge is"
-            assert not [p for p in daemons if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "every daemon stopped"
+            assert not [p for p in daemons if pid_alive(p.pid, p.create_time())], "every daemon stopped"
             assert not os.path.lexists(folder)
     finally:
         subprocess.run(["ip", "link", "delete", "fmcdecoy0"], capture_output=True)

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from fleetrl import checkpoint
+from fleetrl.processes import pid_alive
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.tools import minicluster, minicluster_host, slurm_jobs
 from fleetrl.tools.returns import final_return
@@ -120,7 +121,7 @@ def test_a_cluster_is_removed_entirely_even_with_jobs_running_and_its_block_fail
             assert len(procs) >= 7, procs
             raise RuntimeError("the test's own failure")
     on_node.wait(timeout=10)
-    assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "every process of the cluster ended"
+    assert not [p for p in procs if pid_alive(p.pid, p.create_time())], "every process of the cluster ended"
     assert not Path(cluster.root).exists() and not (minicluster.REGISTRY / f"{cluster.tag}.json").exists()
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

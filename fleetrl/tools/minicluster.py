@@ -39,6 +39,7 @@ from typing import Annotated, Callable, Iterator, Literal, Sequence
 import psutil
 import tyro
 
+from fleetrl import processes
 from fleetrl.tools import minicluster_host as host
 from fleetrl.tools import slurm_jobs
 from fleetrl.tools.minicluster_host import DEFAULT_DIR, REGISTRY, MiniClusterError  # noqa: F401 - the module's names for its users
@@ -433,13 +434,10 @@ def _free_port() -> int:
 
 
 def _owner_alive(info: dict) -> bool:
-    owner = info.get("owner_pid")
+    owner, started = info.get("owner_pid"), info.get("owner_started")
     if owner is None:
         return True  # the CLI's cluster: it stays until `down`
-    try:
-        return psutil.Process(owner).create_time() == info.get("owner_started")
-    except psutil.Error:
-        return False
+    return started is not None and processes.pid_alive(owner, started)  # no start time: the owner was gone when it registered
 
 
 def reap_abandoned() -> list[int]:
@@ -521,7 +519,7 @@ def _terminate(procs: list[psutil.Process], first: signal.Signals = signal.SIGTE
 def _alive(proc: psutil.Process) -> bool:
     """Still running: a zombie has ended (the CLI's daemons are reaped by init, whenever it gets round to it)."""
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE
+        return processes.pid_alive(proc.pid, proc.create_time())
     except psutil.Error:
         return False
 

@@ -5,7 +5,6 @@ registry of running clusters; and its network (a bridge, and per node a network 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import pwd
@@ -20,6 +19,7 @@ from typing import Iterator
 
 import psutil
 
+from fleetrl import files, processes
 from fleetrl.errors import FleetError
 
 # root's own: /run and everything above it only root can write (a folder in /tmp, which anyone can create first, would
@@ -188,7 +188,8 @@ def read_record(path: Path) -> object:
 
 
 def write_record(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1))
+    """Write a record whole or not at all (a reader, `down` among them, never sees half of it)."""
+    files.write_atomically(path, json.dumps(data, indent=1))
     path.chmod(0o644)  # readable by the users who run jobs (status); writable by root alone, whatever the umask
 
 
@@ -197,18 +198,14 @@ def write_record(path: Path, data: dict) -> None:
 
 @contextlib.contextmanager
 def registry_lock() -> Iterator[None]:
-    with open(private_base() / "lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two `up`s at once (two test runs) must not take one tag
+    with files.exclusive_lock(private_base() / "lock"):  # two `up`s at once (two test runs) must not take one tag
         yield
 
 
 def register(tag: int, root: Path, made: bool, owner: int | None) -> None:
     """Record the tag as taken, by the cluster in ``root`` (``made`` for it), for ``owner`` (None: until `down`). The
     owner's start time tells it from a later process that got its pid."""
-    started = None
-    if owner is not None:
-        with contextlib.suppress(psutil.Error):
-            started = psutil.Process(owner).create_time()
+    started = processes.start_time(owner) if owner is not None else None
     write_record(private_base() / f"{tag}.json", {"root": str(root), "made_dir": made, "owner_pid": owner,
                                                          "owner_started": started})
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from fleetrl.errors import FleetError
-from fleetrl.tools.processes import resolve_command
+from fleetrl.tools.runs import resolve_command
 
 HEADER = """#!/bin/bash
 # fleetrl {tool} as a Slurm job array: {summary}

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from fleetrl import files
 from fleetrl.errors import FleetError
 from fleetrl.parent_watch import PARENT_PID_ENV
 from fleetrl.tools import slurm_jobs
 from fleetrl.tools.live import Display
-from fleetrl.tools.processes import describe_exit, log_tail
+from fleetrl.tools.runs import describe_exit, log_tail
 
 POLL_S = 2.0  # how often slurmctld is asked for the tasks' states; far below MinJobAge (300 s), after which it forgets them
 FORGOTTEN_POLLS = 3  # a task slurmctld no longer knows on this many polls in a row ended while nobody looked
@@ -185,9 +186,7 @@ def record_path(out: Path, tool: str) -> Path:
 
 def record(out: Path, tool: str, job_id: str, tasks: list[Task]) -> None:
     """Note the array submitted for ``out`` (written then renamed: a reader never sees half of it)."""
-    tmp = record_path(out, tool).with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps({"job_id": job_id, "tasks": {t.index: t.label for t in tasks}}) + "\n")
-    os.replace(tmp, record_path(out, tool))
+    files.write_atomically(record_path(out, tool), json.dumps({"job_id": job_id, "tasks": {t.index: t.label for t in tasks}}) + "\n")
 
 
 def live_array(out: Path, tool: str, env: dict[str, str] | None = None) -> tuple[str, list[str]] | None:
