@@ -22,8 +22,8 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # what fleetrl.accel reads as n
 CGROUP_V1_CPUSET = Path("/sys/fs/cgroup/cpuset")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 # the tests that read the precision line or the CPU's bf16 flags (each must hold on both kinds of CPU); test_accel's
-# compile tests (60 s) read neither
-PRECISION_TESTS = ["tests/test_accel.py", "tests/test_optim.py", "-k", "precision or bf16 or (dynamo and ppo)"]
+# compile tests (60 s) and the other no-dynamo runs read neither
+PRECISION_TESTS = ["tests/test_accel.py", "tests/test_optim.py", "-k", "precision or bf16"]
 # the tests that pin a process to one core
 PINNING_TESTS = ["tests/test_cores.py"]
 

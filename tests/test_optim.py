@@ -59,10 +59,10 @@ def test_sgd_steps_as_torchs():
 @pytest.mark.parametrize("algo, flags", [
     # a CNN at fp32 has a memory format to measure on every CPU (an MLP's only choice, bf16, exists only where the CPU
     # runs bf16 natively), so PPO's precision probe trains here on any host
-    ("ppo", ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
-             "--update-epochs", "1", "--total-timesteps", "32", "--precision", "fp32"]),
-    ("ppo", ["--env-id", "CartPole-v1", "--total-timesteps", "512"]),
-    ("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "500"]),
+    pytest.param("ppo", ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
+                         "--update-epochs", "1", "--total-timesteps", "32", "--precision", "fp32"], id="ppo-cnn-precision-probe"),
+    pytest.param("ppo", ["--env-id", "CartPole-v1", "--total-timesteps", "512"], id="ppo-mlp"),
+    pytest.param("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "500"], id="dqn"),
 ])
 def test_a_run_that_does_not_compile_never_imports_torch_dynamo(algo, flags, tmp_path):
     # in a fresh process with a fresh cache of measured settings, so PPO's precision probe trains too
