@@ -307,9 +307,8 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
         # the rollout engine: acting weights, sampling RNG, buffers; serial, split, first-ready or one update behind
         sampler = run.closing(Sampler(envs, agent, args.num_steps, rollout=rollout, device=device, seed=run.seed, env_seed=run.env_seed,
                                       timer=log.timer, actor_device=args.actor_device, saved_actor_device=run.remembered("actor_device"),
-                                      policy_lag=args.policy_lag, async_batch=async_batch,
-                                      obs_norm=obs_norm, reward_norm=reward_norm, global_step=run.global_step, global_envs=args.num_envs,
-                                      verbose=dist.is_main))  # closing it stops its thread and closes the envs
+                                      policy_lag=args.policy_lag, async_batch=async_batch, obs_norm=obs_norm, reward_norm=reward_norm,
+                                      global_step=run.global_step, global_envs=args.num_envs, verbose=dist.is_main))  # closing: its thread, the envs
         run.remember(actor_device=sampler.acts_on)  # where auto acts, measured once (or as the resumed run did): a resume keeps it
         run.register_per_rank(actor=sampler)  # each rank's sampling noise
         run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
