@@ -331,3 +331,25 @@ def test_an_ip_or_slurmd_that_hangs_is_one_clear_error_not_a_traceback(tmp_path,
         minicluster_host.ip("link", "show")
     with pytest.raises(minicluster.MiniClusterError, match=r"`slurmd -C`, which describes .* did not finish within 1 s\. .*slurmd -C"):
         minicluster._hardware()
+
+
+def test_the_nodes_get_cores_of_the_allocation_never_a_cpu_outside_it():
+    """In a cpuset without CPU 0 (docker --cpuset-cpus=1, a Slurm step) a node given CPU 0 binds no task: every job on
+    it failed with `task_g_set_affinity: Invalid argument`. Each node's CPUs come from the allowed ones; the rest are
+    its CpuSpecList."""
+    two_cpus = {"CPUs": 2, "ThreadsPerCore": 1}
+    assert minicluster.split_cpus(two_cpus, 2, {0, 1}) == [("0", "1"), ("1", "0")]  # a core each
+    assert minicluster.split_cpus(two_cpus, 2, {1}) == [("1", "0"), ("1", "0")]  # one allowed core: shared, CPU 0 held back
+    eight_threads = {"CPUs": 8, "ThreadsPerCore": 2}  # 4 cores of 2 threads, Slurm numbering a core's threads together
+    assert minicluster.split_cpus(eight_threads, 2, set(range(2, 8))) == [("2-3", "0-1,4-7"), ("4-5", "0-3,6-7")]
+    for nodes in (1, 2, 3):
+        for cpus, _ in minicluster.split_cpus(eight_threads, nodes, {5, 6}):
+            assert set(slurm_cpu_ids(cpus)) <= {5, 6}, cpus
+
+
+def slurm_cpu_ids(text: str) -> list[int]:
+    ids = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        ids += range(int(low), int(high or low) + 1)
+    return ids

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import fleetrl_env, run_fleetrl_in_process
+from fleetrl.cores import available_cores
 from fleetrl.envs import env_family, make_vector_env
 from fleetrl.envs.probe import StepCost
 from fleetrl.envs.stepping import MAX_THREADS_PER_WORKER, plan_stepping
@@ -108,7 +109,8 @@ def policies_of(pid: int) -> set[int]:
 def test_workers_of_envs_that_wait_run_as_batch_tasks_and_workers_of_envs_that_compute_do_not():
     # a batch task that wakes does not preempt the trainer while it writes the other workers' commands
     waiting = make_vector_env("fleetrl_test_envs:Barrier-v0", 8, "async", env_workers=2)  # 2 x 4 stepping threads
-    computing = make_vector_env("CartPole-v1", 2, "async", env_workers=2, env_threads=1)  # a worker per core, no threads
+    # at most a worker per core of the allocation, no threads (more workers than cores would be batch tasks too)
+    computing = make_vector_env("CartPole-v1", 2, "async", env_workers=min(2, available_cores()), env_threads=1)
     try:
         waiting.reset(seed=0)
         computing.reset(seed=0)

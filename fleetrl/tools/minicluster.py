@@ -227,21 +227,22 @@ def _hardware() -> dict[str, int]:
     return found
 
 
-def split_cpus(hw: dict[str, int], nodes: int) -> list[tuple[str, str]]:
-    """For each node, (its CPU ids, the others as its CpuSpecList), in whole cores. With fewer cores than nodes every
-    node gets every CPU (and jobs on different nodes share cores)."""
+def split_cpus(hw: dict[str, int], nodes: int, allowed: set[int] | None = None) -> list[tuple[str, str]]:
+    """For each node, (its CPU ids, the others as its CpuSpecList), in whole cores, taken from the CPUs this process may
+    run on (``allowed``, default its affinity mask): in a cpuset without CPU 0 (``docker --cpuset-cpus=1``, a Slurm step)
+    a node handed CPU 0 could bind no task to it. With fewer cores than nodes every node gets every allowed CPU (and jobs
+    on different nodes share cores)."""
     threads = hw.get("ThreadsPerCore", 1)
-    cores = hw["CPUs"] // threads
-    every = f"0-{hw['CPUs'] - 1}"
-    if cores < nodes:
-        return [(every, "")] * nodes
-    per_node = cores // nodes
-    shares = []
-    for i in range(nodes):
-        mine = set(range(i * per_node * threads, (i + 1) * per_node * threads))
-        others = [c for c in range(hw["CPUs"]) if c not in mine]
-        shares.append((slurm_jobs.index_list(sorted(mine)), slurm_jobs.index_list(others)))
-    return shares
+    every = set(range(hw["CPUs"]))
+    allowed = (every & (os.sched_getaffinity(0) if allowed is None else allowed)) or every
+    # Slurm numbers a core's threads one after another; a core counts if its jobs may run on any of its threads
+    cores = [ids & allowed for ids in ({*range(c * threads, (c + 1) * threads)} for c in range(hw["CPUs"] // threads)) if ids & allowed]
+    if len(cores) < nodes:
+        shares = [allowed] * nodes
+    else:
+        per_node = len(cores) // nodes
+        shares = [set().union(*cores[i * per_node:(i + 1) * per_node]) for i in range(nodes)]
+    return [(slurm_jobs.index_list(sorted(mine)), slurm_jobs.index_list(sorted(every - mine))) for mine in shares]
 
 
 # ---- start --------------------------------------------------------------------------------------------------------
