@@ -10,8 +10,8 @@ fleetrl's Slurm scripts; each node is a host of its own (network, hostname and /
 How: one bridge in this (the controller's) network namespace, holding the controller's address, and per node a
 network namespace joined to it by a veth pair. Each ``slurmd`` runs in its node's network namespace plus a UTS and a
 mount namespace of its own, with the node's hostname and an ``/etc/hosts`` naming every node, so jobs, ``srun`` and
-torchrun on a node see a separate host. Each node gets its own share of the CPUs (the others are ``CpuSpecList``, held
-back from its jobs), so Slurm's CPU binding puts node1's tasks and node2's tasks on different cores. Needs root, and
+torchrun on a node see a separate host. Each node gets its own share of the CPUs this process may use (the others are
+``CpuSpecList``, held back from its jobs), so Slurm's CPU binding puts node1's tasks and node2's tasks on different cores. Needs root, and
 Debian's ``slurm-wlm`` and ``munge`` (Slurm 22.05).
 
 Safe for root on a shared machine: the files live in a folder only root can write, checked before every use, and what
