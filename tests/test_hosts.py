@@ -11,14 +11,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from conftest import TESTS_DIR, fleetrl_env, skip_unless_ci
-
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # what fleetrl.accel reads as native bf16
+from fleetrl.accel import NATIVE_BF16_CPU_FLAGS
 CGROUP_V1_CPUSET = Path("/sys/fs/cgroup/cpuset")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 # the tests that read the precision line or the CPU's bf16 flags (each must hold on both kinds of CPU); test_accel's
@@ -41,8 +41,8 @@ def cpuinfo_with_bf16(native: bool) -> str:
     text = Path("/proc/cpuinfo").read_text()
 
     def flags(match: re.Match) -> str:
-        kept = [f for f in match.group(2).split() if f not in NATIVE_BF16_FLAGS]
-        return match.group(1) + " ".join(kept + (list(NATIVE_BF16_FLAGS[:1]) if native else []))
+        kept = [f for f in match.group(2).split() if f not in NATIVE_BF16_CPU_FLAGS]
+        return match.group(1) + " ".join(kept + (list(NATIVE_BF16_CPU_FLAGS[:1]) if native else []))
 
     return re.sub(r"^(flags\s*:\s*)(.*)$", flags, text, flags=re.M)
 
@@ -101,7 +101,7 @@ def cpuset_without_cpu0() -> Iterator[list[str]]:
             with contextlib.suppress(OSError):
                 group.rmdir()
                 break
-            subprocess.run(["sleep", "0.1"])
+            time.sleep(0.1)
 
 
 @pytest.mark.slow
