@@ -8,18 +8,18 @@ Bad input ends in one clear paragraph and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import tyro
 
 from fleetrl.algos import ALGOS
-from fleetrl.errors import FleetError
+from fleetrl.errors import FleetError, exit_on_error
 
 USAGE = """usage: fleetrl <command> [flags]
 
 commands:
-  train ALGO [flags]   train an algorithm (ALGO: {algos}); `fleetrl train ppo --help` lists its flags
+  train ALGO [flags]   train an algorithm (ALGO: {algos}, or your file ./my_algo.py or module mypkg.my_algo); `fleetrl train ppo --help` lists its flags
+  new NAME --from ALGO write NAME.py, your own copy of a built-in algorithm to change (docs/engine.md); `fleetrl new --help`
   eval CHECKPOINT      evaluate a checkpoint or run folder; `fleetrl eval --help`
   bench-env            env throughput per backend and number of envs; what `auto` picks; `fleetrl bench-env --help`
   benchmark -- CMD     run CMD for env ids x seeds on a worker pool, then summarise; `fleetrl benchmark --help`
@@ -32,14 +32,15 @@ commands:
 
 
 def _train(argv: list[str]) -> None:
-    if not argv or argv[0] not in ALGOS:
-        given = argv[0] if argv else "nothing"
-        raise FleetError(f"`fleetrl train` needs an algorithm, one of: {', '.join(ALGOS)} (got {given}). Example: fleetrl train ppo --env-id CartPole-v1")
-    from fleetrl import config
+    from fleetrl.algos.source import train_command_line
 
-    algo = importlib.import_module(f"fleetrl.algos.{argv[0]}")
-    args = tyro.cli(algo.Args, args=argv[1:], prog=f"fleetrl train {argv[0]}")
-    algo.train(args, explicit=config.explicit_fields(argv[1:], algo.Args))
+    train_command_line(argv)
+
+
+def _new(argv: list[str]) -> None:
+    from fleetrl.tools.new import NewArgs, new
+
+    new(tyro.cli(NewArgs, args=argv, prog="fleetrl new"))
 
 
 def _eval(argv: list[str]) -> None:
@@ -96,7 +97,7 @@ def _minicluster(argv: list[str]) -> None:
     main(tyro.cli(MiniClusterArgs, args=flags, prog="fleetrl minicluster"), command)
 
 
-COMMANDS = {"train": _train, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "compare": _compare,
+COMMANDS = {"train": _train, "new": _new, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "compare": _compare,
             "preflight": _preflight, "minicluster": _minicluster}
 
 
@@ -106,14 +107,12 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE.format(algos=", ".join(ALGOS)))
         sys.exit(0 if argv else 2)
     command = COMMANDS.get(argv[0])
-    try:
-        if command is None:
-            raise FleetError(f"Unknown command {argv[0]!r}. Commands: {', '.join(COMMANDS)}. Run `fleetrl --help`.")
-        command(argv[1:])
-    except FleetError as exc:
-        if not exc.quiet:  # e.g. the other ranks of a torchrun job, whose rank 0 says it once
-            print(f"fleetrl: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        print("fleetrl: interrupted", file=sys.stderr)
-        sys.exit(130)
+    if command is None:
+        command = _unknown(argv[0])
+    exit_on_error(command, argv[1:])
+
+
+def _unknown(name: str):
+    def refuse(argv: list[str]) -> None:
+        raise FleetError(f"Unknown command {name!r}. Commands: {', '.join(COMMANDS)}. Run `fleetrl --help`.")
+    return refuse

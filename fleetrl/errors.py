@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
 
 
 class FleetError(Exception):
@@ -71,3 +74,17 @@ def require(module: str, extra: str, what: str):
             f"{what} needs the '{extra}' extra, which is not installed ({exc}). "
             f"Install it with: pip install 'fleetrl[{extra}]'  (or: pip install {EXTRAS[extra]})"
         ) from None
+
+
+def exit_on_error(command: Callable[..., Any], *args: Any) -> Any:
+    """Run a command; bad input ends in its one paragraph on stderr and a non-zero exit, never a traceback
+    (``fleetrl ...``, and an algorithm file's own command line, ``python my_ppo.py``)."""
+    try:
+        return command(*args)
+    except FleetError as exc:
+        if not exc.quiet:  # e.g. the other ranks of a torchrun job, whose rank 0 says it once
+            print(f"fleetrl: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("fleetrl: interrupted", file=sys.stderr)
+        sys.exit(130)

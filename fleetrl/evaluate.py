@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import shlex
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ import numpy as np
 import tyro
 
 from fleetrl import checkpoint, config, runtime
-from fleetrl.algos import ALGOS
+from fleetrl.algos import source
 from fleetrl.envs import episode_stats, make_vector_env
 from fleetrl.envs.registry import env_id_for_checkpoint
 from fleetrl.errors import FleetError
@@ -36,6 +35,8 @@ class EvalArgs:
     """record every evaluation episode as MP4 next to the checkpoint's run (`videos_eval`)"""
     env_id: str | None = None
     """the env to evaluate on [the checkpoint's]; a custom id (`module:Env-v0`) saved in a checkpoint is used only when given here too, since importing the module runs its code"""
+    algo_file: str | None = None
+    """the algorithm's file (./my_ppo.py) or module whose network rebuilds the policy [the checkpoint's: a built-in, or the file it records if that is yours and unchanged]"""
 
 
 RANGES = {
@@ -53,7 +54,7 @@ def evaluate(args: EvalArgs) -> dict:
     env_id = env_id_for_checkpoint(train_args["env_id"], args.env_id, str(path), f"fleetrl eval {shlex.quote(args.checkpoint)}")
     runtime.seed_everything(args.seed, True)
     runtime.set_torch_threads(None)
-    algo = importlib.import_module(f"fleetrl.algos.{state.get('algo', 'ppo')}")
+    algo = source.for_checkpoint(state, str(path), args.algo_file)  # the code it was trained with, never a built-in in its place
     # videos go to the run folder: the parent of its checkpoints/ folder (or the folder of a file kept elsewhere)
     run_dir = checkpoint.run_folder_of(path) or path.parent
     video_dir = str(run_dir / "videos_eval") if args.capture_video else None
@@ -109,8 +110,8 @@ def load(source: str) -> tuple[dict, Path]:
         path = checkpoint.resolve_checkpoint(source)
         state = checkpoint.load_checkpoint(path)
     train_args = state["args"]
-    if not isinstance(train_args, dict) or not isinstance(train_args.get("env_id"), str) or state.get("algo", "ppo") not in ALGOS:
-        raise FleetError(f"{path} is not a fleetrl checkpoint (its saved arguments name no env id, or no known algorithm). {HOW}")
+    if not isinstance(train_args, dict) or not isinstance(train_args.get("env_id"), str) or not isinstance(state.get("algo", "ppo"), str):
+        raise FleetError(f"{path} is not a fleetrl checkpoint (its saved arguments name no env id, or no algorithm). {HOW}")
     try:
         state["global_step"] = int(state["global_step"])
     except (KeyError, TypeError, ValueError, RuntimeError):

@@ -30,7 +30,7 @@ import sys
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
@@ -87,6 +87,25 @@ class Run:
     _return_reached: float | None = None  # the mean return that reached --stop-at-return; ``iterations`` then ends
     _learner: Learner | None = None  # its state is fetched before each checkpoint (--policy-lag 1 keeps it in a process of its own)
     _old_handlers: dict = field(default_factory=dict)
+    # the algorithm's code this process trains ({kind, module, path, sha256}) and the command that trains it again, set by
+    # the command that started it (fleetrl/algos/source.py); None when a script calls train() itself
+    algorithm_file: ClassVar[dict[str, str] | None] = None
+    algorithm_command: ClassVar[str | None] = None
+
+    @classmethod
+    def trains(cls, algorithm_file: dict[str, str], command: str) -> None:
+        """Say which algorithm file this process trains: its checkpoints record it (``fleetrl eval`` rebuilds the policy
+        with that code) and its messages name ``command`` to continue it."""
+        cls.algorithm_file, cls.algorithm_command = dict(algorithm_file), command
+
+    @classmethod
+    def command_for(cls, algo: str) -> str:
+        return cls.algorithm_command or f"fleetrl train {algo}"
+
+    @property
+    def command(self) -> str:
+        """The command that trains this run's algorithm again, for messages ("... --resume auto")."""
+        return self.command_for(self.algo)
 
     @classmethod
     def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[..., None], algo: str = "",
@@ -114,6 +133,7 @@ class Run:
         resumed = _load_resume(args, algo, dist)
         if resumed is not None:
             args = _resumed_args(args, resumed, explicit, algo)
+            _warn_if_code_changed(resumed, dist.is_main)
         family = env_family(args.env_id)
         args = config.apply_family_defaults(args, family_defaults, family.name, algo)
         validate(args, dist.world_size)
@@ -289,7 +309,7 @@ class Run:
         return StoppedBySignal(
             f"stopped by {STOP_SIGNALS.get(signum, signum)} at global step {self.global_step:,}. The checkpoint "
             f"{self.last_checkpoint or '(none could be written)'} holds the run; continue it with: "
-            f"fleetrl train {self.algo} --resume auto --run-dir {self.args.run_dir}", signum, quiet=not self.dist.is_main)
+            f"{self.command} --resume auto --run-dir {self.args.run_dir}", signum, quiet=not self.dist.is_main)
 
     # ---------------------------------------------------------------- checkpoints
     def register(self, **objects: Any) -> None:
@@ -393,6 +413,8 @@ class Run:
             state = {**{k: v.state_dict() for k, v in self._shared.items()}, "ranks": ranks, "global_step": global_step,
                      "iteration": iteration, "algo": self.algo, "family": self.family.name, "args": asdict(self.args),
                      "world_size": self.dist.world_size, "remembered": dict(self._remembered)}
+            if Run.algorithm_file is not None:  # the algorithm's code: `fleetrl eval` rebuilds the policy with it
+                state["algo_file"] = dict(Run.algorithm_file)
             if self._env_shapes is not None:
                 state["obs_shape"], state["action_shape"] = self._env_shapes
             written, failed = None, next((s for s in shards if isinstance(s, str)), None)  # a rank whose shard failed
@@ -412,7 +434,7 @@ class Run:
         if self._failed_writes >= MAX_FAILED_CHECKPOINTS:
             raise FleetError(f"{failure} That is {self._failed_writes} failed checkpoint writes in a row, so the run stopped. "
                              f"The last good checkpoint is {last_good}. Free space on (or fix) the disk of {self.args.run_dir}, "
-                             f"then continue with: fleetrl train {self.algo} --resume auto --run-dir {self.args.run_dir}")
+                             f"then continue with: {self.command} --resume auto --run-dir {self.args.run_dir}")
         if self.dist.is_main:
             print(f"fleetrl: warning: {failure} Training goes on and the next checkpoint tries again "
                   f"({self._failed_writes} of {MAX_FAILED_CHECKPOINTS} allowed failures in a row); the last good one is {last_good}.",
@@ -460,6 +482,14 @@ def _check_writable(run_dir: str) -> str | None:
     return None
 
 
+def _warn_if_code_changed(resumed: dict[str, Any], say: bool) -> None:
+    """A run resumed with an edited algorithm file goes on (a fix is a reason to resume), but says so."""
+    saved, now = resumed.get("algo_file"), Run.algorithm_file
+    if say and isinstance(saved, dict) and now is not None and now["kind"] != "builtin" and saved.get("sha256") != now["sha256"]:
+        print(f"fleetrl: warning: {now['path']} has changed since {resumed['_path']} was written (sha256 {now['sha256'][:16]}..., the "
+              f"checkpoint's {str(saved.get('sha256'))[:16]}...): the run goes on with the code as it is now.", file=sys.stderr, flush=True)
+
+
 def _resumed_args(args: Any, resumed: dict[str, Any], explicit: set[str], algo: str) -> Any:
     """A resumed run's arguments: the checkpoint's, less the flags given again. Two things a checkpoint (which may come
     from anyone) never chooses: a module to import (a saved custom env id is used only when ``--env-id`` names one) and
@@ -469,7 +499,7 @@ def _resumed_args(args: Any, resumed: dict[str, Any], explicit: set[str], algo: 
     args = config.merge_resumed_args(args, saved, explicit | {"resume", "run_dir"})
     if isinstance(saved.get("env_id"), str):
         args.env_id = env_id_for_checkpoint(saved["env_id"], args.env_id if "env_id" in explicit else None, resumed["_path"],
-                                            f"fleetrl train {algo} --resume {shlex.quote(args.resume)} ...")
+                                            f"{Run.command_for(algo)} --resume {shlex.quote(args.resume)} ...")
     if args.run_dir is None:
         run_dir = checkpoint.run_folder_of(Path(resumed["_path"]))
         if run_dir is None:

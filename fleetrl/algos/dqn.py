@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fleetrl import config, offpolicy, optim
+from fleetrl.algos.source import train_main
 from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.learner import check_policy_lag
 from fleetrl.monitor import TrainResult
@@ -225,3 +226,8 @@ def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     q_network.eval()
     q_network.epsilon = float(state["args"]["end_e"])  # the run's --end-e, its family default filled in
     return policy_fn(q_network, envs, deterministic)
+
+
+# ============================================================================ command line
+if __name__ == "__main__":  # python FILE.py [flags], torchrun FILE.py [flags]; `fleetrl train ./FILE.py` calls train()
+    train_main(__name__)

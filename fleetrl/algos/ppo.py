@@ -24,6 +24,7 @@ from torch import nn
 
 from fleetrl import config, optim
 from fleetrl.accel import autocast, choose_accel
+from fleetrl.algos.source import train_main
 from fleetrl.args import ONPOLICY_RANGES, OnPolicyArgs, validate_onpolicy
 from fleetrl.distributed import Dist
 from fleetrl.errors import FleetError
@@ -359,3 +360,8 @@ def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space, impala=state.get("family") == "procgen")
     agent.load_state_dict(state["model"])
     return policy_fn(agent, envs, deterministic, obs_rms=state.get("obs_rms"))
+
+
+# ============================================================================ command line
+if __name__ == "__main__":  # python FILE.py [flags], torchrun FILE.py [flags]; `fleetrl train ./FILE.py` calls train()
+    train_main(__name__)

@@ -26,6 +26,7 @@ from torch import nn
 
 from fleetrl.accel import autocast
 from fleetrl.algos import ppo
+from fleetrl.algos.source import train_main
 from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import NatureCNN, categorical_logprob_entropy, categorical_sample, gaussian_logprob_entropy, gaussian_sample, layer_init
@@ -185,3 +186,8 @@ def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space)
     agent.load_state_dict(state["model"])
     return policy_fn(agent, envs, deterministic, obs_rms=state.get("obs_rms"))
+
+
+# ============================================================================ command line
+if __name__ == "__main__":  # python FILE.py [flags], torchrun FILE.py [flags]; `fleetrl train ./FILE.py` calls train()
+    train_main(__name__)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fleetrl import config, optim
+from fleetrl.algos.source import train_main
 from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import gaussian_sample
@@ -209,3 +210,8 @@ def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     actor = Actor(envs)
     actor.load_state_dict(state["actor"])
     return policy_fn(actor.eval(), envs, deterministic)
+
+
+# ============================================================================ command line
+if __name__ == "__main__":  # python FILE.py [flags], torchrun FILE.py [flags]; `fleetrl train ./FILE.py` calls train()
+    train_main(__name__)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from fleetrl import config, optim
+from fleetrl.algos.source import train_main
 from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.monitor import TrainResult
 from fleetrl.nets_continuous import HIDDEN, TwinQNetwork, add_action_rescaling, relu_trunk, twin_q_loss
@@ -180,3 +181,8 @@ def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
     actor = Actor(envs, state["args"].get("exploration_noise", 0.1))
     actor.load_state_dict(state["actor"])
     return policy_fn(actor.eval(), envs, deterministic)
+
+
+# ============================================================================ command line
+if __name__ == "__main__":  # python FILE.py [flags], torchrun FILE.py [flags]; `fleetrl train ./FILE.py` calls train()
+    train_main(__name__)

@@ -45,7 +45,7 @@ def run_tune(args: TuneArgs, base: list[str]) -> None:
     report_every = args.report_every or max(1, total // DEFAULT_REPORTS)
     if report_every > total:
         raise FleetError(f"--report-every {report_every} is past --total-timesteps {total}: no report would happen. Give at most {total}.")
-    study_name = args.study_name or f"{algo.name}-{'+'.join(dict.fromkeys(args.env_ids))}"
+    study_name = args.study_name or f"{algo.module.__name__.rsplit('.', 1)[-1]}-{'+'.join(dict.fromkeys(args.env_ids))}"
     out = Path(args.out or os.path.join("runs", f"tune_{study_name.replace('/', '-').replace(':', '-')}"))
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,6 @@ with."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import shlex
 from dataclasses import dataclass
@@ -37,8 +36,9 @@ class Algo:
 
 
 def parse_command(base: list[str]) -> Algo:
-    """The algorithm of a ``fleetrl train ALGO ...`` command, refusing the flags the tuner sets itself."""
-    from fleetrl.algos import ALGOS
+    """The algorithm of a ``fleetrl train ALGO ...`` command (a built-in, the user's file or module), refusing the flags the
+    tuner sets itself."""
+    from fleetrl.algos import source
 
     example = "fleetrl tune --env-ids CartPole-v1 --search space.yaml -- fleetrl train ppo --total-timesteps 100000"
     if not base:
@@ -47,13 +47,15 @@ def parse_command(base: list[str]) -> Algo:
     if rest is None:
         raise FleetError(f"The command after `--` must be `fleetrl train ALGO [flags]` (the tuner reads and sets its flags); got {shlex.join(base)!r}. "
                          f"Example: {example}")
-    if not rest or rest[0] not in ALGOS:
-        raise FleetError(f"The command after `--` needs an algorithm, one of: {', '.join(ALGOS)} (got {rest[0] if rest else 'nothing'}). Example: {example}")
+    if not rest or rest[0].startswith("-"):
+        raise FleetError(f"The command after `--` needs an algorithm: a built-in (ppo, dqn, ...), your file (./my_algo.py) or module "
+                         f"(got {rest[0] if rest else 'nothing'}). Example: {example}")
     given = [f"--{name.replace('_', '-')}" for name in RUNNER_FIELDS if command_sets(rest[1:], name)]
     if given:
         raise FleetError(f"Remove {', '.join(given)} from the command after `--`: the tuner sets --env-id, --seed and --run-dir for each run "
                          f"(--env-ids picks the envs, --num-seeds and --start-seed the seeds, --out the folders), and trials always start afresh.")
-    return Algo(rest[0], importlib.import_module(f"fleetrl.algos.{rest[0]}"), list(base), rest[1:])
+    module, _ = source.load(rest[0])  # the user named it: the tuner reads its flags and ranges
+    return Algo(rest[0], module, list(base), rest[1:])
 
 
 def command_sets(flags: list[str], name: str) -> bool:
