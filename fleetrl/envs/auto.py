@@ -26,6 +26,9 @@ The backend chosen is written into the run's arguments, so its checkpoints and c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+import gymnasium as gym
 
 from fleetrl.cores import available_cores
 from fleetrl.envs.probe import ENV_TIMEOUT_S, StepCost, measure_step
@@ -52,12 +55,14 @@ def choose_backend(
     async_batch: int | None = None,
     env_threads: int | None = None,
     env_timeout: float | None = ENV_TIMEOUT_S,
+    make_env: Callable[[], gym.Env] | None = None,
 ) -> BackendChoice:
     """``need_frames``: video capture renders Python envs, so the C++ backends are left out. ``async_batch`` below
     ``num_envs`` (first-ready batches) needs a backend that returns the first envs ready: async, or for Atari EnvPool
     (ale only when the batch is half the envs). ``env_threads`` above 1 (the flag) asks for stepping threads, which
     only the async backend has: it is chosen whatever the step measures, so the same command never runs on a quiet
-    machine and is refused on a busy one. ``env_timeout`` (the flag): the longest one env call of the step probe may take."""
+    machine and is refused on a busy one. ``env_timeout`` (the flag): the longest one env call of the step probe may take.
+    ``make_env``: the probe builds its env with it instead of ``env_id``'s factory (make_vec's env functions)."""
     from fleetrl.envs.native import native_backend_support
 
     cores = cores or available_cores()
@@ -74,7 +79,7 @@ def choose_backend(
             missing = "" if len(installed) == 2 else f"; {next(b for b in ATARI_CANDIDATES if b not in installed)} cannot run it here"
             return BackendChoice(installed[0], f"Atari: a C++ vector, about 2x the Python wrappers; {installed[0]} whatever the load, "
                                                f"since ale and envpool differ in the data they give{missing} (docs/backends.md)")
-    cost = measure_step(env_id, family, env_timeout=env_timeout)
+    cost = measure_step(env_id, family, env_timeout=env_timeout, make_env=make_env)
     if first_ready:
         return BackendChoice("async", f"{cost.describe()}; --async-batch {async_batch} needs worker processes that return the first "
                                       f"envs ready", cost=cost)

@@ -113,16 +113,18 @@ class StepCost:
         return f"one step takes {self.wall_us:,.0f} us, {self.cpu_share:.0%} of it CPU" + (f" ({self.note})" if self.note else "")
 
 
-def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS, env_timeout: float | None = ENV_TIMEOUT_S) -> StepCost:
+def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS, env_timeout: float | None = ENV_TIMEOUT_S,
+                 make_env: Callable[[], gym.Env] | None = None) -> StepCost:
     """What one step of ``env_id`` costs (resets excluded), from at most ``seconds`` of stepping one copy. An env that
     raises or hangs (no answer within ``env_timeout``, the flag) after some steps is measured on those, and the cost
     says so (training meets the error in its own envs, which the async backend restarts); one that raises or hangs
-    before its first step ends here with a clear error."""
+    before its first step ends here with a clear error. ``make_env``: builds the copy instead of ``env_id``'s factory
+    (make_vec's env functions; ``env_id`` then only names it)."""
     walls: list[float] = []
     cpu: list[float] = []
 
     def probe(watch: Watch) -> None:
-        env = watch.call("construction", EnvFactory(env_id, family.name))
+        env = watch.call("construction", make_env or EnvFactory(env_id, family.name))
         try:
             watch.call("reset", env.reset, seed=0)
             env.action_space.seed(0)
@@ -170,19 +172,20 @@ def declared_thread_safe(env: gym.Env) -> bool | None:
 
 
 def steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int = THREAD_CHECK_STEPS,
-                           env_timeout: float | None = ENV_TIMEOUT_S) -> bool | None:
+                           env_timeout: float | None = ENV_TIMEOUT_S, make_env: Callable[[], gym.Env] | None = None) -> bool | None:
     """Whether two copies stepped at once from two threads give exactly what one copy gives alone, for the same seed
     and actions (True), or not (False: state shared between copies, as in a C library with globals). None when two
     runs alone already differ: the env is not reproducible, so the check cannot tell. Raises :class:`ProbeHung` when
     an env call takes longer than ``env_timeout`` (its construction at least the workers' build time)."""
-    return run_bounded(lambda watch: _steps_alike_in_threads(env_id, family, steps, watch), env_timeout, name="fleetrl-thread-check")
+    make = make_env or EnvFactory(env_id, family.name)
+    return run_bounded(lambda watch: _steps_alike_in_threads(make, steps, watch), env_timeout, name="fleetrl-thread-check")
 
 
-def _steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int, watch: Watch) -> bool | None:
+def _steps_alike_in_threads(make_env: Callable[[], gym.Env], steps: int, watch: Watch) -> bool | None:
     copies: list[gym.Env] = []
     try:
         for _ in range(3):
-            copies.append(watch.call("construction", EnvFactory(env_id, family.name)))
+            copies.append(watch.call("construction", make_env))
         copies[0].action_space.seed(0)
         actions = [copies[0].action_space.sample() for _ in range(steps)]
         try:

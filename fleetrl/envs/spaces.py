@@ -76,3 +76,19 @@ def check_spaces(env_id: str, obs_space: gym.Space, action_space: gym.Space, alg
     env and the space, before any network is built, when ``algo`` cannot take these spaces."""
     check_observation_space(env_id, obs_space)
     check_action_space(env_id, action_space, algo=algo)
+
+
+def check_same_spaces(index: int, env: gym.Env, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """The one check that env ``index`` of a vector has env 0's spaces: every backend stores all envs' observations and
+    actions in one array, so they must agree (gymnasium's vector envs refuse the same)."""
+    if env.observation_space == observation_space and env.action_space == action_space:
+        return
+    from fleetrl.errors import FleetError
+
+    which = [f"observation space {env.observation_space} (env 0: {observation_space})"] if env.observation_space != observation_space else []
+    which += [f"action space {env.action_space} (env 0: {action_space})"] if env.action_space != action_space else []
+    raise FleetError(f"Env {index} of the vector has {' and '.join(which)}: all envs of a vector must share their spaces, since "
+                     f"their observations and actions are stored as one batch. Build every env with the same function and "
+                     f"arguments (an env that differs, e.g. another game or a different observation wrapper, belongs in a "
+                     f"vector of its own), or wrap them so their spaces agree (e.g. gymnasium.wrappers.ResizeObservation or "
+                     f"FlattenObservation).")

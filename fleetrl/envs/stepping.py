@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
+
+import gymnasium as gym
 
 from fleetrl.envs.probe import ENV_TIMEOUT_S, ProbeHung, StepCost, declared_thread_safe, measure_step, run_bounded, steps_alike_in_threads
 from fleetrl.envs.registry import EnvFactory, EnvFamily
@@ -68,13 +71,14 @@ def check_flags(num_envs: int, backend: str, workers: int | None, threads: int |
 def plan_stepping(env_id: str, family: EnvFamily, num_envs: int, cores: int, cost: StepCost | None = None,
                   workers: int | None = None, threads: int | None = None, per_core_workers: int | None = None,
                   free_memory: int | None = None, async_batch: int | None = None,
-                  env_timeout: float | None = ENV_TIMEOUT_S) -> SteppingPlan:
+                  env_timeout: float | None = ENV_TIMEOUT_S, make_env: Callable[[], gym.Env] | None = None) -> SteppingPlan:
     """The workers and threads for ``num_envs`` envs on ``cores`` cores. ``cost``: the step measured already (by the
     auto backend's probe), else measured here unless both flags are given; ``workers``/``threads``: the flags;
     ``per_core_workers``: the thread plan's workers for an env that computes (default one per core, at most one per env);
-    ``env_timeout`` (the flag): the longest one env call of the probes may take."""
+    ``env_timeout`` (the flag): the longest one env call of the probes may take; ``make_env``: builds the probes' copies
+    instead of ``env_id``'s factory (make_vec's env functions)."""
     check_flags(num_envs, "async", workers, threads)
-    plan = _plan(env_id, family, num_envs, cores, cost, workers, threads, per_core_workers, free_memory, env_timeout)
+    plan = _plan(env_id, family, num_envs, cores, cost, workers, threads, per_core_workers, free_memory, env_timeout, make_env)
     if async_batch is None or async_batch == num_envs or workers is not None:
         return plan
     # first-ready batches of K return whole worker groups: the fewest more workers whose groups divide K
@@ -87,10 +91,11 @@ def plan_stepping(env_id: str, family: EnvFamily, num_envs: int, cores: int, cos
 
 
 def _plan(env_id: str, family: EnvFamily, num_envs: int, cores: int, cost: StepCost | None, workers: int | None,
-          threads: int | None, per_core_workers: int | None, free_memory: int | None, env_timeout: float | None) -> SteppingPlan:
+          threads: int | None, per_core_workers: int | None, free_memory: int | None, env_timeout: float | None,
+          make_env: Callable[[], gym.Env] | None = None) -> SteppingPlan:
     if workers is not None and threads is not None:
         return SteppingPlan(workers, threads, "--env-workers and --env-threads", cost)
-    cost = cost or measure_step(env_id, family, env_timeout=env_timeout)
+    cost = cost or measure_step(env_id, family, env_timeout=env_timeout, make_env=make_env)
     if cost.cpu_share >= WAITS_BELOW:
         workers = workers or min(num_envs, per_core_workers or cores)
         if threads is not None:  # the user's threads, one worker per core unless they said otherwise
@@ -102,7 +107,7 @@ def _plan(env_id: str, family: EnvFamily, num_envs: int, cores: int, cost: StepC
     steppers = math.ceil(num_envs / rounds)
     why = f"{cost.describe()}: it waits, so {'all ' if steppers == num_envs else ''}{steppers} of its {num_envs} envs step at once"
     if threads is None:
-        safe, how = _thread_safety(env_id, family, env_timeout)
+        safe, how = _thread_safety(env_id, family, env_timeout, make_env)
         if safe is False:
             threads = 1
             why += f"; {how}, so processes only"
@@ -120,12 +125,14 @@ def _plan(env_id: str, family: EnvFamily, num_envs: int, cores: int, cost: StepC
     return SteppingPlan(workers, max(1, min(threads, math.ceil(num_envs / workers))), why, cost)
 
 
-def _thread_safety(env_id: str, family: EnvFamily, env_timeout: float | None = ENV_TIMEOUT_S) -> tuple[bool | None, str]:
+def _thread_safety(env_id: str, family: EnvFamily, env_timeout: float | None = ENV_TIMEOUT_S,
+                   make_env: Callable[[], gym.Env] | None = None) -> tuple[bool | None, str]:
     """Whether copies of the env may step from several threads at once (False also when that cannot be told), and how
     that was found out."""
+    make = make_env or EnvFactory(env_id, family.name)
 
     def declared_by_a_copy(watch) -> bool | None:
-        env = watch.call("construction", EnvFactory(env_id, family.name))
+        env = watch.call("construction", make)
         try:
             return declared_thread_safe(env)
         finally:
@@ -135,7 +142,7 @@ def _thread_safety(env_id: str, family: EnvFamily, env_timeout: float | None = E
         declared = run_bounded(declared_by_a_copy, env_timeout, name="fleetrl-thread-check")
         if declared is not None:
             return declared, f"its metadata says thread_safe={declared}"
-        alike = steps_alike_in_threads(env_id, family, env_timeout=env_timeout)
+        alike = steps_alike_in_threads(env_id, family, env_timeout=env_timeout, make_env=make)
     except ProbeHung as exc:  # a hung env: stepping it beside another was never seen to work
         return False, f"its thread-safety check was left unfinished ({exc}, --env-timeout)"
     if alike is False:

@@ -72,13 +72,20 @@ class SyncVectorEnv:
         self._obs_shape = (self.num_envs, *self.single_observation_space.shape)
         self._obs_dtype = self.single_observation_space.dtype
         self._sent: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (env ids, actions) not yet received
+        # make_vec (fleetrl/envs/gym_vector.py) hands gymnasium's users every env's own infos: with this set, the
+        # info dict carries "env_infos", {position: (step info, reset info)} for the envs whose infos are not empty
+        # (step info None after a reset, reset info None unless the env finished and was reset). Off in training.
+        self.keep_env_infos = False
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         self._sent.clear()
         obs = np.empty(self._obs_shape, self._obs_dtype)
+        env_infos = {}
         for i, env in enumerate(self.envs):
-            obs[i], _ = env.reset(seed=None if seed is None else seed + i)
-        return obs, {}
+            obs[i], reset_info = env.reset(seed=None if seed is None else seed + i)
+            if self.keep_env_infos and reset_info:
+                env_infos[i] = (None, reset_info)
+        return obs, ({"env_infos": env_infos} if env_infos else {})
 
     def step(self, actions: np.ndarray):
         return self._step(range(self.num_envs), actions)[:5]
@@ -122,7 +129,11 @@ class SyncVectorEnv:
                     info["episode"]["r"][k] = env_info["episode"]["r"]
                     info["episode"]["l"][k] = env_info["episode"]["l"]
                     info["_episode"][k] = True
-                ob, _ = env.reset()
+                ob, reset_info = env.reset()
+                if self.keep_env_infos:
+                    info.setdefault("env_infos", {})[k] = (env_info, reset_info)
+            elif self.keep_env_infos and env_info:
+                info.setdefault("env_infos", {})[k] = (env_info, None)
             obs[k] = ob
         return obs, reward, terminated, truncated, info, np.asarray(ids)
 

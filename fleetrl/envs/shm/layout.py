@@ -11,6 +11,9 @@ import numpy as np
 from fleetrl.errors import FleetError
 
 ALIGN = 64  # byte alignment of each shared array (a cache line)
+# Room for one env's infos of one step, pickled (make_vec hands gymnasium's users every env's infos; training keeps
+# them off, and pages never written cost no memory). ALE's infos of a step that ends an episode take about 400 bytes.
+INFO_SLOT_BYTES = 4096
 
 Layout = dict[str, tuple[int, tuple[int, ...], str]]
 
@@ -49,6 +52,11 @@ def make_layout(num_envs: int, num_workers: int, obs_space: gym.Space, act_space
         # failure it says whose results stand, whichever of the worker's stepping threads got how far
         ("stepped", (n,), np.dtype(np.bool_)),
         ("status", (num_workers,), np.dtype(np.int8)),
+        # the envs' own infos, for make_vec only (fleetrl/envs/gym_vector.py): the trainer sets keep_infos, then each
+        # worker writes an env's (step info, reset info) pickled into its slot, or length 0 when both are empty
+        ("keep_infos", (1,), np.dtype(np.bool_)),
+        ("info_len", (n,), np.dtype(np.int32)),
+        ("info_bytes", (n, INFO_SLOT_BYTES), np.dtype(np.uint8)),
     ]
     layout: Layout = {}
     offset = 0

@@ -40,6 +40,7 @@ import multiprocessing as mp
 import pickle
 from typing import Any, Callable, Sequence
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 
@@ -160,15 +161,18 @@ class SharedMemoryVectorEnv:
         self._env_ids_all = np.arange(n, dtype=np.int64)
 
         # The env functions travel pickled as bytes, unpickled by the worker once it has the parent's
-        # sys.path: unpickling may import the env's module. Kept, to start a replacement worker.
+        # sys.path: unpickling may import the env's module. Kept, to start a replacement worker. cloudpickle (as
+        # gymnasium's AsyncVectorEnv uses) also takes closures and lambdas, such as CleanRL's make_env thunks.
         try:
             workers = [Worker(w, int(starts[w]), int(starts[w + 1]),
-                              pickle.dumps((env_fns[starts[w]:starts[w + 1]], self.single_observation_space, self.single_action_space)))
+                              cloudpickle.dumps((env_fns[starts[w]:starts[w + 1]], self.single_observation_space,
+                                                 self.single_action_space)))
                        for w in range(num_workers)]
         except Exception as exc:  # noqa: BLE001 - any pickling failure means the same fix
             raise FleetError(
                 f"SharedMemoryVectorEnv sends the env functions to worker processes, so they must be "
-                f"picklable (module-level functions or classes such as EnvFactory, not lambdas): {exc}"
+                f"picklable by cloudpickle (functions, closures or classes such as EnvFactory that hold no open "
+                f"files, locks or live envs): {exc}"
             ) from None
         self._workers = workers
         self.threads = max(1, min(int(threads), max(sizes)))
@@ -190,8 +194,8 @@ class SharedMemoryVectorEnv:
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Reset every env (env ``i`` seeded with ``seed + i``); steps still in flight are discarded."""
         self.async_reset(seed)
-        obs, *_ = self._gather(self._supervisor.take(self.num_envs))
-        return obs, {}
+        obs, _, _, _, info, _ = self._gather(self._supervisor.take(self.num_envs))
+        return obs, info  # {} unless keep_env_infos: then the envs' reset infos
 
     def step(self, actions: np.ndarray) -> StepResult:
         """Step every env once and wait for all of them (``async_batch`` does not apply)."""
@@ -291,6 +295,17 @@ class SharedMemoryVectorEnv:
         return [np.concatenate([self._env_ids_all[self._workers[w].envs] for w in workers]) for workers in groups]
 
     @property
+    def keep_env_infos(self) -> bool:
+        """make_vec (fleetrl/envs/gym_vector.py) hands gymnasium's users every env's own infos: with this set, the workers
+        send them through shared memory and the info dict carries "env_infos", {position: (step info, reset info)} for
+        the envs whose infos are not empty, as fleetrl's SyncVectorEnv gives them. Off in training."""
+        return bool(self._views["keep_infos"][0])
+
+    @keep_env_infos.setter
+    def keep_env_infos(self, keep: bool) -> None:
+        self._views["keep_infos"][0] = keep
+
+    @property
     def worker_restarts(self) -> int:
         """Workers restarted so far, all of them together."""
         return self._supervisor.restarts
@@ -365,4 +380,9 @@ class SharedMemoryVectorEnv:
                     "l": np.where(has_stats, take(v["episode_l"]), 0),
                 }
                 info["_episode"] = has_stats
+        if v["keep_infos"][0]:
+            lengths = v["info_len"][env_ids]
+            env_infos = {int(k): pickle.loads(v["info_bytes"][env_ids[k], : lengths[k]].tobytes()) for k in np.flatnonzero(lengths)}
+            if env_infos:
+                info["env_infos"] = env_infos
         return obs, reward, terminated, truncated, info, env_ids

@@ -18,7 +18,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fleetrl.envs.shm.layout import Layout, map_views
+from fleetrl.envs.shm.layout import INFO_SLOT_BYTES, Layout, map_views
+from fleetrl.envs.spaces import check_same_spaces
 from fleetrl.envs.wrappers import set_env_index
 from fleetrl.errors import FleetError
 from fleetrl.processes import ImportPath, become_child, pid_alive
@@ -128,12 +129,14 @@ class EnvStepper:
     def _run_slice(self, k: int) -> None:
         first, end = self.slices[k]
         v, phase, i = self.v, "step", self.lo + first
+        keep_infos = bool(v["keep_infos"][0])  # make_vec's users get every env's infos (fleetrl/envs/gym_vector.py)
         try:
             for i in range(self.lo + first, self.lo + end):
                 env = self.envs[i - self.lo]
+                info = reset_info = None
                 if self._cmd == RESET:
                     phase = "reset"
-                    obs, _ = env.reset(seed=int(v["seeds"][i]) if v["seeded"][i] else None)
+                    obs, reset_info = env.reset(seed=int(v["seeds"][i]) if v["seeded"][i] else None)
                     reward, terminated, truncated = 0.0, False, False
                     v["final_mask"][i], v["episode_mask"][i] = False, False
                 else:
@@ -147,9 +150,11 @@ class EnvStepper:
                             v["episode_r"][i], v["episode_l"][i] = episode["r"], episode["l"]
                         v["episode_mask"][i] = episode is not None
                         phase = "reset"
-                        obs, _ = env.reset()
+                        obs, reset_info = env.reset()
                     else:
                         v["final_mask"][i], v["episode_mask"][i] = False, False
+                if keep_infos:
+                    write_infos(v, i, info, reset_info)
                 v["obs"][i] = obs  # the one copy of the observation, straight into shared memory
                 v["reward"][i], v["terminated"][i], v["truncated"][i] = reward, terminated, truncated
                 v["stepped"][i] = True
@@ -158,6 +163,20 @@ class EnvStepper:
             with self._lock:
                 if self.failure is None:
                     self.failure = failure
+
+
+def write_infos(v: dict[str, np.ndarray], i: int, info: dict | None, reset_info: dict | None) -> None:
+    """Env ``i``'s infos of this command into its slot of shared memory, pickled (length 0 when both are empty)."""
+    if not info and not reset_info:
+        v["info_len"][i] = 0
+        return
+    data = pickle.dumps((info, reset_info), protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > INFO_SLOT_BYTES:
+        raise FleetError(f"env {i} returned infos of {len(data):,} bytes pickled, more than the {INFO_SLOT_BYTES:,} the async "
+                         f"backend carries per env and step. Return smaller infos (large data belongs in the observation), "
+                         f"or use backend='sync'.")
+    v["info_bytes"][i, : len(data)] = np.frombuffer(data, np.uint8)
+    v["info_len"][i] = len(data)
 
 
 def worker_main(
@@ -208,12 +227,7 @@ def worker_main(
             env = env_fn()
             set_env_index(env, i)  # the output check's errors say which env of the vector
             envs.append(env)
-            if env.observation_space != obs_space or env.action_space != act_space:
-                raise FleetError(
-                    f"env {i} has observation space {env.observation_space} and action space "
-                    f"{env.action_space}, but env 0 has {obs_space} and {act_space}; all envs of a "
-                    f"vector must share their spaces."
-                )
+            check_same_spaces(i, env, obs_space, act_space)
         limit_threads()
         status[index] = OK
     except Exception:  # noqa: BLE001 - reported; the trainer raises it
