@@ -126,4 +126,6 @@ def _build(env_id, num_envs, backend, training, sticky_actions, family, async_ba
     return (GymSyncVectorEnv if backend == "gym-sync" else SyncVectorEnv)(factories)
 
 
-__all__ = ["BACKENDS", "EnvFactory", "EnvFamily", "env_family", "env_spec", "episode_stats", "make_vector_env"]
+from fleetrl.envs.gym_vector import make_vec  # noqa: E402  (fleetrl's backends as a gymnasium VectorEnv, for any script)
+
+__all__ = ["BACKENDS", "EnvFactory", "EnvFamily", "env_family", "env_spec", "episode_stats", "make_vec", "make_vector_env"]
