@@ -24,6 +24,7 @@ from fleetrl import checkpoint
 from fleetrl.processes import pid_alive
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.tools import minicluster, minicluster_host, slurm_jobs
+from fleetrl.tools.new import template
 from fleetrl.tools.returns import final_return
 
 from conftest import (assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_module, require_slurm, run_fleetrl,
@@ -321,15 +322,19 @@ def test_a_test_failing_right_after_a_requeue_leaves_the_cluster_empty(slurm_clu
 @pytest.fixture(scope="module")
 def benchmark_both_ways(slurm_cluster, tmp_path_factory):
     """The same 4-run grid (2 envs x 2 seeds) by `fleetrl benchmark --slurm` on the cluster and by a local pool of two
-    workers, at the same time (each is mostly process starts); returns {"slurm"|"local": (process, out folder, seconds)}."""
+    workers, at the same time (each is mostly process starts); returns {"slurm"|"local": (process, out folder, seconds)}.
+    The array trains a user's own copy of PPO (`fleetrl new my_ppo --from ppo`, `fleetrl train ./my_ppo.py`), the local pool
+    the built-in: the same code, so the same returns."""
     root = tmp_path_factory.mktemp("benchmark")
+    (root / "my_ppo.py").write_text(template("ppo", "my_ppo"))
     env = slurm_cluster.env(fleetrl_env())
     procs, began = {}, time.monotonic()
     # its array is ended for good however the fixture ends, before its yield too (a benchmark that timed out)
     with jobs_killed_on_exit(slurm_cluster):
         for way, flags in (("slurm", ["--slurm"]), ("local", ["--workers", "2"])):
+            train = BENCH_TRAIN if way == "local" else ["fleetrl", "train", "./my_ppo.py", *BENCH_TRAIN[3:]]
             procs[way] = subprocess.Popen([sys.executable, "-m", "fleetrl", "benchmark", *BENCH_GRID, "--out", str(root / way), *flags,
-                                           "--", *BENCH_TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                           "--", *train], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                           cwd=root, start_new_session=True)
         done = {}
         with killed_on_exit(*procs.values()):
@@ -579,9 +584,10 @@ def test_a_four_trial_tune_array_over_both_nodes_records_exactly_four_trials_in_
         if password:
             monkeypatch.setenv("PGPASSWORD", password)
         began = time.monotonic()
+        (tmp_path / "my_ppo.py").write_text(template("ppo", "my_ppo"))  # a user's own algorithm file, tuned on the nodes
         proc = subprocess.run([sys.executable, "-m", "fleetrl", "tune", "--env-ids", "CartPole-v1", "--search", str(space),
                                "--study-name", "across", "--trials", "4", "--storage", url, "--out", str(tmp_path / "out"), "--slurm",
-                               "--slurm-workers", "2", "--slurm-cpus-per-task", "1", "--", "fleetrl", "train", "ppo",
+                               "--slurm-workers", "2", "--slurm-cpus-per-task", "1", "--", "fleetrl", "train", "./my_ppo.py",
                                "--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"],
                               capture_output=True, text=True, timeout=360, env=slurm_cluster.env(fleetrl_env()), cwd=tmp_path)
         print(f"tune array of 2 tuners, 4 trials: {time.monotonic() - began:.1f} s")
