@@ -1,7 +1,9 @@
 # rpo.py: your own copy of fleetrl's ppo (fleetrl 0.1.0), made by `fleetrl new rpo --from ppo` on 2026-12-06.
 # Change anything. Run it: python rpo.py --env-id ENV, torchrun --nproc-per-node 2 rpo.py ..., fleetrl train ./rpo.py ...
 # It imports only the engine's public names, listed with what stays stable in fleetrl's docs/engine.md.
-"""PPO (clipped surrogate, GAE), discrete and continuous actions, read top to bottom as CleanRL's ppo.py.
+"""RPO (Rahman & Xue, 2022), CleanRL's rpo_continuous_action.py: PPO whose update evaluates the actions under a Gaussian
+mean moved by U(-rpo_alpha, rpo_alpha) noise per element; the rollout samples from the policy unchanged.
+(Discrete actions have no mean to move: they train as PPO.)
 
 Order: arguments, networks, the rollout loop, the advantage recurrence, the loss, then training: setup, and each
 iteration's rollout, advantages, update and logging. The engine (vector envs, the sampler that schedules the envs,
@@ -13,6 +15,8 @@ Differences from CleanRL, each on purpose:
 * observation/reward normalisation statistics live here (one set for all envs) and are checkpointed;
 * checkpoints are atomic and checksummed; SIGTERM/Ctrl-C checkpoint and stop; a resumed run continues the same
   learner and RNG streams on fresh episodes (``--resume``, docs/reliability.md).
+* RPO's defaults are CleanRL's rpo_continuous_action.py's where they differ from its PPO's (exp_name "rpo", 8M steps
+  on MuJoCo); the noise is drawn as CleanRL draws it (float32 from torch's CPU generator, then moved to the device).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class Args(OnPolicyArgs):
     exp_name: str = "rpo"
     """the name of this experiment"""
     total_timesteps: int | None = None
-    """total timesteps of the experiments [500k classic control, 10M Atari, 1M MuJoCo]"""
+    """total timesteps of the experiments [500k classic control, 10M Atari, 8M MuJoCo]"""
     num_envs: int | None = None
     """the number of parallel game environments [4; Atari 8; MuJoCo 1]"""
     # Algorithm specific arguments; None: the env family's default (FAMILY_DEFAULTS)
@@ -83,12 +87,14 @@ class Args(OnPolicyArgs):
     """the target KL divergence threshold"""
     normalize: bool | None = None
     """normalise observations and rewards with running statistics [on for MuJoCo, off otherwise]"""
+    rpo_alpha: float = 0.5
+    """the alpha parameter for RPO"""
 
 
-FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.py
+FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and rpo_continuous_action.py
     "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
     "atari": dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01, frame_stack=4),
-    "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0, normalize=True),
+    "mujoco": dict(total_timesteps=8_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0, normalize=True),
     "procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, num_minibatches=8, update_epochs=3, clip_coef=0.2, ent_coef=0.01, gamma=0.999),
 }
 for _defaults in FAMILY_DEFAULTS.values():
@@ -109,6 +115,7 @@ RANGES = {
     "ent_coef": config.non_negative("the weight of the entropy bonus", config.COEF_MAX),
     "vf_coef": config.non_negative("the weight of the value loss", config.COEF_MAX),
     "max_grad_norm": config.positive("the gradient norm clipping threshold", config.COEF_MAX),
+    "rpo_alpha": config.non_negative("the bound of the uniform noise on the Gaussian mean in the update", config.COEF_MAX),
     "target_kl": config.positive("the KL divergence that stops an update early", config.COEF_MAX, optional=True,
                                  hint="Leave it out to never stop early."),
 }
@@ -138,10 +145,12 @@ def validate(args: Args, world_size: int = 1) -> None:
 # ============================================================================ networks
 class Agent(nn.Module):
     """Actor-critic. Vector observations: separate 64-64 tanh MLPs for actor and critic.
-    Images: a shared Nature CNN (Atari) or IMPALA CNN (Procgen). Continuous actions: a Gaussian with a state-independent log-std."""
+    Images: a shared Nature CNN (Atari) or IMPALA CNN (Procgen). Continuous actions: a Gaussian with a state-independent log-std.
+    ``rpo_alpha``: the bound of RPO's noise on the Gaussian mean in ``evaluate`` (the update) only."""
 
-    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, impala: bool = False):
+    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, impala: bool = False, rpo_alpha: float = 0.0):
         super().__init__()
+        self.rpo_alpha = rpo_alpha
         self.continuous = isinstance(action_space, gym.spaces.Box)
         num_outputs = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
         if len(obs_shape) == 3:
@@ -169,7 +178,8 @@ class Agent(nn.Module):
     def evaluate(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Update: log-probability and entropy of a minibatch's actions, and the values of its observations."""
         out, value, action = *self(mb["obs"]), mb["actions"]
-        if self.continuous:
+        if self.continuous:  # new to RPO: the mean moves by U(-alpha, alpha), drawn as CleanRL does (float32, CPU RNG)
+            out = out + torch.FloatTensor(out.shape).uniform_(-self.rpo_alpha, self.rpo_alpha).to(out.device)
             logprob, entropy = gaussian_logprob_entropy(out, self.actor_logstd, action)
         else:
             logprob, entropy = categorical_logprob_entropy(out, action)
@@ -275,7 +285,7 @@ def minibatches(batch: dict[str, torch.Tensor], num_steps: int, num_minibatches:
 def train(args: Args, explicit: set[str] | None = None, *, algo: str = "rpo", family_defaults: dict = FAMILY_DEFAULTS,
           validate: Callable = validate, agent_type: type = Agent, rollout: Callable = rollout,
           minibatches: Callable = minibatches) -> TrainResult:
-    """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line
+    """Train RPO, in one process or under torchrun. ``explicit``: the flags given on the command line
     (they win over a resumed run's saved arguments). The keywords are what a variant changes (fleetrl/algos/ppo_lstm.py:
     a recurrent agent, a rollout that carries its state, minibatches of whole env sequences)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
@@ -290,7 +300,7 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "rpo", fa
         async_batch = local_async_batch(args.async_batch, args.num_envs, run.local_num_envs)  # None: every env each step
         envs = run.make_envs(async_batch=async_batch, frame_stack=args.frame_stack)
         obs_shape = envs.single_observation_space.shape
-        agent = agent_type(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
+        agent = agent_type(obs_shape, envs.single_action_space, impala=family.name == "procgen", rpo_alpha=args.rpo_alpha).to(device)
         dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
         # precision and memory format: measured once on this machine (or as the resumed run had them), explained
         accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
