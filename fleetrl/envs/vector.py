@@ -119,8 +119,8 @@ class SyncVectorEnv:
             env = self.envs[i]
             ob, reward[k], terminated[k], truncated[k], env_info = env.step(actions[k])
             if terminated[k] or truncated[k]:
-                if not info:
-                    info = {"final_obs": np.zeros_like(obs), "_final_obs": np.zeros(n, bool)}
+                if "final_obs" not in info:
+                    info.update(final_obs=np.zeros_like(obs), _final_obs=np.zeros(n, bool))
                 info["final_obs"][k], info["_final_obs"][k] = ob, True
                 if "episode" in env_info:
                     if "episode" not in info:
