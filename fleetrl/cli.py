@@ -51,18 +51,18 @@ def _eval(argv: list[str]) -> None:
 
 def _benchmark(argv: list[str]) -> None:
     from fleetrl.tools.benchmark import DESCRIPTION, BenchmarkArgs, run_benchmark
-    from fleetrl.tools.runs import split_command
+    from fleetrl.tools.runs import split_command, with_absolute_algo_file
 
     flags, command = split_command(argv)
-    run_benchmark(tyro.cli(BenchmarkArgs, args=flags, prog="fleetrl benchmark", description=DESCRIPTION), command)
+    run_benchmark(tyro.cli(BenchmarkArgs, args=flags, prog="fleetrl benchmark", description=DESCRIPTION), with_absolute_algo_file(command))
 
 
 def _tune(argv: list[str]) -> None:
-    from fleetrl.tools.runs import split_command
+    from fleetrl.tools.runs import split_command, with_absolute_algo_file
     from fleetrl.tools.tune import DESCRIPTION, TuneArgs, run_tune
 
     flags, command = split_command(argv)
-    run_tune(tyro.cli(TuneArgs, args=flags, prog="fleetrl tune", description=DESCRIPTION), command)
+    run_tune(tyro.cli(TuneArgs, args=flags, prog="fleetrl tune", description=DESCRIPTION), with_absolute_algo_file(command))
 
 
 def _plot(argv: list[str]) -> None:

@@ -50,6 +50,16 @@ def train_args(base: list[str]) -> list[str] | None:
     return None
 
 
+def with_absolute_algo_file(base: list[str]) -> list[str]:
+    """``base`` with the user's algorithm file of a ``fleetrl train ./my_algo.py ...`` command made absolute: a run starts in
+    its own folder (a Slurm task in the output folder, on another node of a shared file system), not in this one."""
+    rest = train_args(base)
+    if not rest or not rest[0].endswith(".py") or not Path(rest[0]).expanduser().is_file():
+        return list(base)
+    at = len(base) - len(rest)
+    return [*base[:at], str(Path(rest[0]).expanduser().resolve()), *base[at + 1:]]
+
+
 def has_flag(command: list[str], flag: str) -> bool:
     return any(token == flag or token.startswith(flag + "=") for token in command)
 
