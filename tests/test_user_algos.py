@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -272,3 +274,36 @@ def test_the_copy_checkpoint_refuses_to_resume_under_another_algorithm(tmp_path)
     other = run_fleetrl("train", "ppo", *train_flags("ppo", 512, run_dir), "--resume", "auto", cwd=tmp_path, timeout=120)
     assert other.returncode == 2 and "my_ppo" in other.stderr, other.stderr
     assert torch.is_tensor(saved(run_dir)["model"]["actor.0.weight"])
+
+
+# ------------------------------------------------------------------------------------------ SIGTERM and exact resume
+@pytest.mark.timeout(300)
+def test_sigterm_stops_a_users_file_that_names_itself_to_resume_and_the_resume_is_exact(tmp_path):
+    """`python my_ppo.py` under SIGTERM checkpoints and says to continue with `python my_ppo.py --resume auto`; that resume
+    ends bit-identical to an uninterrupted run of the same file."""
+    from conftest import assert_same_learner
+
+    assert new_file(tmp_path, "my_ppo", "ppo").returncode == 0
+    iterations, batch = 24, 4 * 128
+    train = ["my_ppo.py", "--env-id", "fleetrl_test_envs:Stateless-v0", "--env-backend", "sync", "--no-cuda", "--num-envs", "4",
+             "--total-timesteps", str(iterations * batch), "--checkpoint-every", "4", "--no-progress"]
+    whole = python(*train, "--run-dir", "whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, *train, "--run-dir", "stopped"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path, env=fleetrl_env())
+    try:
+        deadline = time.time() + 120
+        while not checkpoint.list_checkpoints(tmp_path / "stopped"):
+            assert proc.poll() is None and time.time() < deadline, "no first checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in output, output[-3000:]
+    assert "continue it with: python my_ppo.py --resume auto --run-dir stopped" in output, output[-3000:]
+    assert saved(tmp_path / "stopped")["global_step"] < iterations * batch
+    resumed = python(*train, "--run-dir", "stopped", "--resume", "auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_learner(saved(tmp_path / "whole"), saved(tmp_path / "stopped"))
