@@ -155,3 +155,38 @@ def explained_variance(values: np.ndarray, returns: np.ndarray, allreduce=None) 
     var_y = syy / n - (sy / n) ** 2
     var_d = sdd / n - (sd / n) ** 2
     return float("nan") if var_y <= 0 else float(1 - var_d / var_y)
+
+
+# --- distributional Q-values (C51; Rainbow) -------------------------------------------------
+
+
+def categorical_q_values(logits: torch.Tensor, atoms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A distributional Q head's output ``(B, A * n_atoms)`` (or ``(B, A, n_atoms)``) as CleanRL's c51.py reads it:
+    each action's probabilities over the fixed return ``atoms`` ``(B, A, n_atoms)``, and its Q-value, the expected
+    return ``(B, A)``."""
+    pmfs = torch.softmax(logits.view(len(logits), -1, len(atoms)), dim=2)
+    return pmfs, (pmfs * atoms).sum(2)
+
+
+def categorical_projection(next_pmfs: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor, gamma: float,
+                           atoms: torch.Tensor) -> torch.Tensor:
+    """The C51 target: the distribution of ``rewards + gamma * Z'`` (``Z'``: ``next_pmfs`` ``(B, n_atoms)`` over
+    ``atoms``; 0 after a terminal, ``dones`` 1) projected back onto ``atoms``, each shifted atom's mass split between
+    its two neighbours. CleanRL's c51.py arithmetic, operation for operation (so the same inputs give the same bits),
+    with its loop over the batch's rows (two ``index_add_`` each) made one ``index_add_`` over the flattened batch: each
+    row's cells receive the same additions in the same order. ``gamma``: gamma ** n for n-step returns (Rainbow)."""
+    n_atoms, v_min, v_max = len(atoms), float(atoms[0]), float(atoms[-1])
+    next_atoms = rewards.unsqueeze(1) + gamma * atoms * (1 - dones.unsqueeze(1))
+    delta_z = atoms[1] - atoms[0]
+    tz = next_atoms.clamp(v_min, v_max)
+    b = (tz - v_min) / delta_z
+    lower = b.floor().clamp(0, n_atoms - 1)
+    upper = b.ceil().clamp(0, n_atoms - 1)
+    # (lower == upper) handles b landing exactly on an atom: all its mass goes to that atom
+    d_m_l = (upper + (lower == upper).float() - b) * next_pmfs
+    d_m_u = (b - lower) * next_pmfs
+    offset = torch.arange(len(next_pmfs), device=next_pmfs.device).unsqueeze(1) * n_atoms  # row i's cells in the flat view
+    target_pmfs = torch.zeros_like(next_pmfs)
+    target_pmfs.view(-1).index_add_(0, (lower.long() + offset).view(-1), d_m_l.view(-1))
+    target_pmfs.view(-1).index_add_(0, (upper.long() + offset).view(-1), d_m_u.view(-1))
+    return target_pmfs
