@@ -190,3 +190,29 @@ def categorical_projection(next_pmfs: torch.Tensor, rewards: torch.Tensor, dones
     target_pmfs.view(-1).index_add_(0, (lower.long() + offset).view(-1), d_m_l.view(-1))
     target_pmfs.view(-1).index_add_(0, (upper.long() + offset).view(-1), d_m_u.view(-1))
     return target_pmfs
+
+
+# --- PQN's Q-networks: LayerNorm after every hidden layer (CleanRL's pqn.py, pqn_atari_envpool.py) -----------------
+
+
+def layernorm_mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...] = (120, 84)) -> nn.Sequential:
+    """Linear, LayerNorm, ReLU for each hidden layer, then a linear head; every Linear orthogonal with √2 gain, made in
+    CleanRL's order (so a seed gives its weights)."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [layer_init(nn.Linear(in_dim, width)), nn.LayerNorm(width), nn.ReLU()]
+        in_dim = width
+    return nn.Sequential(*layers, layer_init(nn.Linear(in_dim, out_dim)))
+
+
+def layernorm_nature_cnn(in_channels: int, out_dim: int, size: int = 84) -> nn.Sequential:
+    """The Nature CNN with a LayerNorm over each layer's output before its ReLU, then a linear head (CleanRL's
+    pqn_atari_envpool.py; the caller scales uint8 frames by 1/255)."""
+    layers: list[nn.Module] = []
+    for out_channels, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+        size = (size - kernel) // stride + 1
+        layers += [layer_init(nn.Conv2d(in_channels, out_channels, kernel, stride=stride)), nn.LayerNorm([out_channels, size, size]), nn.ReLU()]
+        in_channels = out_channels
+    flat = in_channels * size * size
+    return nn.Sequential(*layers, nn.Flatten(), layer_init(nn.Linear(flat, 512)), nn.LayerNorm(512), nn.ReLU(),
+                         layer_init(nn.Linear(512, out_dim)))
