@@ -28,15 +28,23 @@ def num_iterations(args: Any) -> int:
     return args.total_timesteps // (args.num_envs * STEPS_PER_ITERATION)
 
 
-def make_replay(run: Any, envs: Any) -> ReplayBuffer:
+def make_replay(run: Any, envs: Any, *, n_step: int = 1, gamma: float | None = None, alpha: float | None = None,
+                beta: float = 0.4, priority_eps: float = 1e-6) -> ReplayBuffer:
     """This rank's replay shard (``--buffer-size`` over all ranks), checked against free memory before it is made.
-    With ``--save-buffer`` checkpoints hold it; otherwise a resumed run refills it first, and says so."""
+    With ``--save-buffer`` checkpoints hold it; otherwise a resumed run refills it first, and says so.
+
+    Rainbow's options (fleetrl/sampling/replay.py): ``n_step`` with ``gamma`` samples n-step transitions (their
+    ``discounts`` are ``gamma ** k``); ``alpha`` makes it prioritised (each rank's shard has its own sum tree, and
+    ``--save-buffer`` keeps the priorities): set ``rb.beta`` before sampling, read ``batch.weights`` and
+    ``batch.indices``, and pass the new errors to ``rb.update_priorities(batch.indices, errors)``."""
     args, dist = run.args, run.dist
     capacity = args.buffer_size // dist.world_size
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     check_fits_in_memory(capacity, obs_space, action_space, num_envs=run.local_num_envs, processes=dist.local_world_size,
-                         buffer_size=args.buffer_size, save_buffer=args.save_buffer)  # every process on this machine holds a shard
-    replay = ReplayBuffer(capacity, run.local_num_envs, obs_space, action_space, run.device, check_memory=False)
+                         buffer_size=args.buffer_size, save_buffer=args.save_buffer, n_step=n_step,
+                         prioritized=alpha is not None)  # every process on this machine holds a shard
+    replay = ReplayBuffer(capacity, run.local_num_envs, obs_space, action_space, run.device, check_memory=False, n_step=n_step,
+                          gamma=gamma, alpha=alpha, beta=beta, priority_eps=priority_eps)
     if args.save_buffer:
         run.register_shard(replay=replay)  # each rank's shard goes to a checkpoint file of its own
     if run.resumed is not None and not run.restores("replay") and dist.is_main:

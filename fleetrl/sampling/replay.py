@@ -18,6 +18,43 @@ So a stack is always rebuilt exactly as the env returned it, and never from fram
 ``L`` steps takes about ``L + 1`` frames (its final observation's frame is kept for the time-limit bootstrap), so the
 frame rings hold :data:`FRAME_MARGIN` more frames than transitions; a transition whose frames were overwritten anyway
 (the oldest, with unusually short episodes) is never sampled.
+
+Rainbow's two options (issue 35), both off by default, when nothing changes, bit for bit:
+
+* ``n_step=n, gamma=g``: a sampled transition is the n-step one. Its reward is ``r_t + g r_{t+1} + ... + g^(k-1)
+  r_{t+k-1}`` (computed in float64 from the stored float32 rewards, then rounded), its ``next_obs`` the true
+  observation ``k`` steps later, ``dones`` whether the episode terminated within them, and ``discounts`` the ``g^k``
+  to bootstrap with. ``k = n``, or fewer where the episode ended first: at a termination (no bootstrap), at a time
+  limit (bootstrapped from the true final observation, which the buffer keeps), or where a step does not continue its
+  env's last one (the caller reset the envs, or a resumed run). Storage is unchanged: the n-step transition is put
+  together from the one-step ones when sampled, so Atari frames are still stored once. A transition waits until its
+  n steps (or its episode's end) are stored before it can be sampled: the newest ``n - 1`` steps of a running episode
+  cannot.
+* ``alpha=a``: prioritised replay (fleetrl/sampling/priorities.py): slots are drawn with probability proportional to
+  ``priority ** a``, new transitions at the highest priority seen; :meth:`ReplayBuffer.sample` returns the slots
+  (``indices``) and importance ``weights`` for ``beta``, which the caller sets (``rb.beta = ...``, annealed to 1 as
+  CleanRL), and :meth:`ReplayBuffer.update_priorities` takes the new errors. The tree adds 8 bytes per transition.
+
+An algorithm makes such a buffer through :func:`fleetrl.offpolicy.make_replay`, and uses it in three lines::
+
+    rb = offpolicy.make_replay(run, envs, n_step=args.n_step, gamma=args.gamma,
+                               alpha=args.prioritized_replay_alpha, priority_eps=args.prioritized_replay_eps)
+    ...
+    rb.beta = min(1.0, args.prioritized_replay_beta + global_step * (1.0 - args.prioritized_replay_beta) / args.total_timesteps)
+    data = rb.sample(local_batch_size)          # a PrioritizedBatch: obs, actions, next_obs, rewards, dones,
+                                                # discounts (B,), weights (B,), indices (numpy, this rank's slots)
+    loss = (loss_per_sample * data.weights).mean()
+    td_target = data.rewards + data.discounts * next_value * (1 - data.dones)
+    rb.update_priorities(data.indices, loss_per_sample.detach())   # |error| + eps, as CleanRL
+
+Under torchrun each rank's shard has its own tree and samples its own share of the batch; ``state_dict`` holds the
+priorities, so a ``--save-buffer`` resume samples exactly as the run would have.
+
+Differences from CleanRL's PrioritizedReplayBuffer, each on purpose: the last ``n - 1`` transitions of each episode
+are stored, with their shorter returns (CleanRL clears its n-step queue at a termination and never stores them); a
+time limit ends the n-step return and bootstraps from the final observation (CleanRL's queue runs on into the next
+episode); ``discounts`` carries ``g^k`` for the steps actually taken (CleanRL uses ``g^n``); several envs. The tree,
+priorities, sampled slots and weights are CleanRL's, bit for bit, on the same transitions and draws.
 """
 
 from __future__ import annotations
@@ -31,6 +68,7 @@ import torch
 
 from fleetrl.errors import FleetError
 from fleetrl.nets import network_obs_dtype
+from fleetrl.sampling.priorities import Priorities
 
 FRAME_MARGIN = 1 / 16  # extra frames per transition in a frame ring: one per episode of at least 16 steps
 MEMORY_HEADROOM = 1 << 30  # bytes of available memory left for the networks, envs and the rest of the process
@@ -42,13 +80,43 @@ MAX_REDRAWS = 1000  # draws of indices that hit overwritten frames before sampli
 
 
 class ReplayBatch(NamedTuple):
-    """A sampled batch on the learner's device; ``dones`` (terminated only) and ``rewards`` are float32 ``(B,)``."""
+    """A sampled batch on the learner's device; ``dones`` (terminated only) and ``rewards`` are float32 ``(B,)``.
+    A plain buffer's: one-step transitions, uniform, so ``discounts``, ``weights`` and ``indices`` are None (a loss can
+    be written once for both kinds of batch)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
     next_obs: torch.Tensor
     rewards: torch.Tensor
     dones: torch.Tensor
+
+    @property
+    def discounts(self) -> None:
+        return None
+
+    @property
+    def weights(self) -> None:
+        return None
+
+    @property
+    def indices(self) -> None:
+        return None
+
+
+class PrioritizedBatch(NamedTuple):
+    """What a prioritised or n-step buffer samples: ReplayBatch's five fields (n-step rewards, the observation ``k``
+    steps later, terminated within them), then ``discounts`` float32 ``(B,)``: ``gamma ** k`` to bootstrap with (None
+    without ``gamma``); ``weights`` float32 ``(B,)``: importance weights (None when uniform); ``indices`` int64 numpy
+    ``(B,)``: the slots, for :meth:`ReplayBuffer.update_priorities`."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    next_obs: torch.Tensor
+    rewards: torch.Tensor
+    dones: torch.Tensor
+    discounts: torch.Tensor | None
+    weights: torch.Tensor | None
+    indices: np.ndarray
 
 
 def stacks_frames(obs_space: gym.Space, frame_stack: bool | None = None) -> bool:
@@ -64,14 +132,15 @@ def stacks_frames(obs_space: gym.Space, frame_stack: bool | None = None) -> bool
 
 
 def required_bytes(capacity: int, obs_space: gym.Space, action_space: gym.Space, frame_stack: bool | None = None,
-                   num_envs: int = 1) -> int:
+                   num_envs: int = 1, n_step: int = 1, prioritized: bool = False) -> int:
     """The bytes a :class:`ReplayBuffer` of ``capacity`` transitions takes (all of its arrays, filled)."""
-    layout = _Layout(capacity, num_envs, obs_space, action_space, frame_stack)
+    layout = _Layout(capacity, num_envs, obs_space, action_space, frame_stack, n_step, prioritized)
     return layout.nbytes()
 
 
 def check_fits_in_memory(capacity: int, obs_space: gym.Space, action_space: gym.Space, frame_stack: bool | None = None,
-                         num_envs: int = 1, processes: int = 1, buffer_size: int | None = None, save_buffer: bool = False) -> int:
+                         num_envs: int = 1, processes: int = 1, buffer_size: int | None = None, save_buffer: bool = False,
+                         n_step: int = 1, prioritized: bool = False) -> int:
     """Refuse, with a :class:`FleetError` naming the numbers and the fix, a buffer that would not fit in the memory
     available now (less :data:`MEMORY_HEADROOM`); else return the bytes it needs.
 
@@ -79,7 +148,7 @@ def check_fits_in_memory(capacity: int, obs_space: gym.Space, action_space: gym.
     ``--buffer-size`` flag these buffers share (default ``capacity * processes``), to say how far to lower it;
     ``save_buffer``: checkpoints hold the buffers (``--save-buffer``), which needs :data:`CHECKPOINT_BYTES` more each.
     """
-    buffer_bytes = required_bytes(capacity, obs_space, action_space, frame_stack, num_envs)
+    buffer_bytes = required_bytes(capacity, obs_space, action_space, frame_stack, num_envs, n_step, prioritized)
     need = (buffer_bytes + (CHECKPOINT_BYTES if save_buffer else 0)) * processes
     available = psutil.virtual_memory().available
     usable = max(available - MEMORY_HEADROOM, 0)
@@ -107,15 +176,23 @@ class ReplayBuffer:
     ``capacity`` is rounded down to whole steps of ``num_envs``. ``frame_stack``: store single frames and rebuild
     stacks (default: auto, see :func:`stacks_frames`). ``check_memory``: run :func:`check_fits_in_memory` before
     allocating. Sampling uses numpy's global RNG, which the run seeds and checkpoints.
+
+    ``n_step`` (default 1) and ``gamma`` (required with ``n_step > 1``): sample n-step transitions; ``alpha`` (default
+    None: uniform): prioritised replay with that exponent, ``beta`` the importance-sampling exponent of the next
+    :meth:`sample` (an attribute the caller anneals), ``priority_eps`` added to every ``|error|`` (see the module's
+    docstring).
     """
 
     def __init__(self, capacity: int, num_envs: int, obs_space: gym.Space, action_space: gym.Space,
-                 device: torch.device | str = "cpu", frame_stack: bool | None = None, check_memory: bool = True):
+                 device: torch.device | str = "cpu", frame_stack: bool | None = None, check_memory: bool = True,
+                 n_step: int = 1, gamma: float | None = None, alpha: float | None = None, beta: float = 0.4,
+                 priority_eps: float = 1e-6):
         if capacity < num_envs:
             raise FleetError(f"A replay buffer of {capacity} transitions cannot hold one step of {num_envs} envs: "
                              f"raise --buffer-size to at least {num_envs} per process.")
+        _check_n_step(n_step, gamma, capacity // num_envs)
         if check_memory:
-            check_fits_in_memory(capacity, obs_space, action_space, frame_stack, num_envs)
+            check_fits_in_memory(capacity, obs_space, action_space, frame_stack, num_envs, n_step=n_step, prioritized=alpha is not None)
         layout = _Layout(capacity, num_envs, obs_space, action_space, frame_stack)
         self.num_envs, self.rows, self.capacity = num_envs, layout.rows, layout.rows * num_envs
         self.device = torch.device(device)
@@ -126,6 +203,12 @@ class ReplayBuffer:
         self.actions = np.empty((slots, *layout.action_shape), layout.action_dtype)
         self.rewards = np.empty(slots, np.float32)
         self.dones = np.empty(slots, np.float32)
+        self.n_step, self.gamma, self.beta = n_step, gamma, beta
+        self.priorities = Priorities(slots, alpha, priority_eps) if alpha is not None else None
+        if n_step > 1:
+            self.ends = np.empty(slots, bool)  # the episode's n-step returns stop after this slot (terminated, truncated or cut)
+        # per env: the newest rows whose transitions wait for their n steps (1 per row stored with n_step=1, for a moment)
+        self.pending = np.zeros(num_envs, np.int64)
         if not self.frame_stack:
             self.obs = np.empty((slots, *layout.obs_shape), layout.obs_dtype)
             self.next_obs = np.empty((slots, *layout.obs_shape), layout.obs_dtype)
@@ -145,6 +228,11 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.filled * self.num_envs
 
+    @property
+    def complete(self) -> int:
+        """How many stored transitions can be sampled (their n steps, or their episode's end, are stored)."""
+        return self.filled * self.num_envs - int(self.pending.sum())
+
     # ------------------------------------------------------------------------------------------------ writing
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
             terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any] | None) -> None:
@@ -159,20 +247,68 @@ class ReplayBuffer:
             for i in ended:
                 true_next[i] = info["final_obs"][i]
         slots = slice(self.row * n, (self.row + 1) * n)
+        # whether each env's obs is the stack it was left at (else the caller reset it, or a resumed run started)
+        continues = self.has_last & _rows_equal(obs, self.last_obs) if self.frame_stack else None
+        if self.n_step > 1 and self.filled:
+            if continues is None:
+                before = (self.row - 1) % self.rows * n + np.arange(n)
+                continues = _rows_equal(np.asarray(obs, self.obs.dtype), self.next_obs[before])
+            self._cut(np.flatnonzero(~continues & (self.pending > 0)))
         if self.frame_stack:
-            self._add_frames(slots, obs, true_next, next_obs, ended)
+            self._add_frames(slots, obs, true_next, next_obs, ended, continues)
         else:
             self.obs[slots] = obs
             self.next_obs[slots] = true_next
         self.actions[slots] = np.asarray(actions).reshape(self.actions[slots].shape)
         self.rewards[slots] = rewards
         self.dones[slots] = terminated
+        if self.n_step > 1:
+            self.ends[slots] = np.logical_or(terminated, truncated)
         self.row = (self.row + 1) % self.rows
         self.filled = min(self.filled + 1, self.rows)
+        self._complete(slots)
 
-    def _add_frames(self, slots: slice, obs: np.ndarray, true_next: np.ndarray, next_obs: np.ndarray, ended) -> None:
-        # the stack acted on is the one stored as the last step's next obs, unless the caller reset the envs or skipped steps
-        stored = self.has_last & _rows_equal(obs, self.last_obs)
+    def _complete(self, slots: slice) -> None:
+        """The row just written: the transitions whose n steps are now stored become sampleable (at the highest
+        priority); the row's own wait, unless complete already."""
+        if self.n_step == 1:
+            if self.priorities is not None:
+                self.priorities.insert(np.arange(slots.start, slots.stop))
+            return
+        self.pending += 1
+        ended = self.ends[slots]
+        full = ~ended & (self.pending >= self.n_step)
+        done = [np.flatnonzero(full) + (self.row - self.n_step) % self.rows * self.num_envs]  # the row n - 1 before
+        self.pending[full] -= 1
+        if ended.any():
+            done.append(self._pending_slots(np.flatnonzero(ended)))
+            self.pending[ended] = 0
+        if self.priorities is not None:  # this row's slots (held older transitions) wait; the completed ones go in last
+            self.priorities.tree.update(np.concatenate([np.arange(slots.start, slots.stop), *done]),
+                                        np.concatenate([np.zeros(self.num_envs, np.float32),
+                                                        np.full(sum(map(len, done)), self.priorities.max_priority ** self.priorities.alpha,
+                                                                np.float32)]))
+
+    def _cut(self, envs: np.ndarray) -> None:
+        """These envs' steps do not continue their last ones: their n-step returns stop there (bootstrapped)."""
+        if not len(envs):
+            return
+        self.ends[(self.row - 1) % self.rows * self.num_envs + envs] = True
+        completed = self._pending_slots(envs)
+        self.pending[envs] = 0
+        if self.priorities is not None:
+            self.priorities.insert(completed)
+
+    def _pending_slots(self, envs: np.ndarray) -> np.ndarray:
+        """The slots of ``envs`` whose transitions wait (the newest ``pending`` rows of each)."""
+        ages = [np.arange(count) for count in self.pending[envs]]
+        rows = (self.row - 1 - np.concatenate(ages)) % self.rows if ages else np.zeros(0, np.int64)
+        return rows * self.num_envs + np.repeat(envs, self.pending[envs])
+
+    def _add_frames(self, slots: slice, obs: np.ndarray, true_next: np.ndarray, next_obs: np.ndarray, ended,
+                    stored: np.ndarray) -> None:
+        # the stack acted on is the one stored as the last step's next obs (``stored``), unless the caller reset the envs
+        # or skipped steps
         for i in np.flatnonzero(~stored):
             self.last_end[i], self.last_start[i] = self._store_segment(i, obs[i])
         self.obs_end[slots], self.obs_start[slots] = self.last_end, self.last_start
@@ -211,49 +347,127 @@ class ReplayBuffer:
         return start + count - 1, start
 
     # ------------------------------------------------------------------------------------------------ reading
-    def sample(self, batch_size: int) -> ReplayBatch:
-        """``batch_size`` transitions drawn uniformly (with replacement), on ``device``."""
-        return self.get(self.sample_indices(batch_size))
+    def sample(self, batch_size: int) -> ReplayBatch | PrioritizedBatch:
+        """``batch_size`` transitions on ``device``, drawn with replacement: uniformly, or with ``alpha`` by priority,
+        with their importance weights for ``self.beta``."""
+        indices = self.sample_indices(batch_size)
+        batch = self.get(indices)
+        if self.priorities is None:
+            return batch
+        weights = self.priorities.weights(indices, self.complete, self.beta)
+        return batch._replace(weights=torch.from_numpy(weights).to(self.device))
 
     def sample_indices(self, batch_size: int) -> np.ndarray:
-        """Uniform slot indices of sampleable transitions (numpy's global RNG)."""
-        if not self.filled:
-            raise FleetError("The replay buffer is empty: add transitions before sampling (sample after --learning-starts).")
+        """Slot indices of sampleable transitions, uniform or by priority (numpy's global RNG)."""
+        if not self.complete:
+            raise FleetError("The replay buffer has no transition to sample yet: add transitions before sampling (sample "
+                             "after --learning-starts, and with n-step returns after more than --n-step steps).")
+        if self.priorities is not None:
+            return self._sample_prioritized(batch_size)
         size = self.filled * self.num_envs
         indices = np.random.randint(0, size, batch_size)
-        if self.frame_stack:
+        if self.frame_stack or self.n_step > 1:
             for _ in range(MAX_REDRAWS):
                 lost = ~self._sampleable(indices)
                 if not lost.any():
                     break
                 indices[lost] = np.random.randint(0, size, int(lost.sum()))
             else:
-                raise FleetError(f"The replay buffer found no stored transition whose frames are still stored after {MAX_REDRAWS} "
-                                 f"draws: the env starts a new frame stack at nearly every step. Store whole observations "
-                                 f"(frame_stack=False).")
+                raise self._nothing_sampleable()
         return indices
 
-    def get(self, indices: np.ndarray) -> ReplayBatch:
-        """The transitions at slot ``indices`` (``row * num_envs + env``), on ``device``."""
+    def _sample_prioritized(self, batch_size: int) -> np.ndarray:
+        for _ in range(MAX_REDRAWS):
+            indices = self.priorities.sample(batch_size)
+            lost = ~self._sampleable(indices)
+            if not lost.any():
+                return indices
+            # their frames were overwritten (for good, until the slot is written again): out of the tree, and a new
+            # stratified draw of the whole batch
+            self.priorities.remove(indices[lost])
+        raise self._nothing_sampleable()
+
+    def _nothing_sampleable(self) -> FleetError:
+        return FleetError(f"The replay buffer found no stored transition whose frames are still stored after {MAX_REDRAWS} "
+                          f"draws: the env starts a new frame stack at nearly every step. Store whole observations "
+                          f"(frame_stack=False).")
+
+    def get(self, indices: np.ndarray) -> ReplayBatch | PrioritizedBatch:
+        """The transitions at slot ``indices`` (``row * num_envs + env``), on ``device``: n-step ones with ``n_step``."""
         indices = np.asarray(indices, dtype=np.int64)
+        last, rewards, steps = self._n_step(indices) if self.n_step > 1 else (indices, self.rewards[indices], None)
         if self.frame_stack:
             envs = indices % self.num_envs
             obs = self._stacks(envs, self.obs_end[indices], self.obs_start[indices])
-            next_obs = self._stacks(envs, self.next_end[indices], self.next_start[indices])
+            next_obs = self._stacks(envs, self.next_end[last], self.next_start[last])
         else:
-            obs, next_obs = self.obs[indices], self.next_obs[indices]
-        arrays = (obs, self.actions[indices], next_obs, self.rewards[indices], self.dones[indices])
-        return ReplayBatch(*(torch.from_numpy(a).to(self.device) for a in arrays))
+            obs, next_obs = self.obs[indices], self.next_obs[last]
+        arrays = (obs, self.actions[indices], next_obs, rewards, self.dones[last])
+        tensors = [torch.from_numpy(a).to(self.device) for a in arrays]
+        if self.n_step == 1 and self.priorities is None:
+            return ReplayBatch(*tensors)
+        discounts = None
+        if self.gamma is not None:  # gamma ** k as Python computes it (CleanRL's gamma ** n_step), in float32
+            table = np.array([self.gamma ** k for k in range(self.n_step + 1)], np.float32)
+            discounts = torch.from_numpy(table[np.ones(len(indices), np.int64) if steps is None else steps]).to(self.device)
+        return PrioritizedBatch(*tensors, discounts=discounts, weights=None, indices=indices)
+
+    def _n_step(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the n-step transitions that start at ``indices``: the slots of their last steps, their rewards
+        ``sum gamma^j r_j`` (float64 in the order of CleanRL's loop, then float32) and their steps ``k``."""
+        last = indices.copy()
+        rewards = self.rewards[indices].astype(np.float64)
+        steps = np.ones(len(indices), np.int64)
+        going = ~self.ends[indices]
+        for k in range(1, self.n_step):
+            if not going.any():
+                break
+            following = np.where(going, (last + self.num_envs) % self.capacity, last)  # the env's next step
+            rewards += np.where(going, self.gamma ** k * self.rewards[following].astype(np.float64), 0.0)
+            last, steps = following, steps + going
+            going &= ~self.ends[following]
+        return last, rewards.astype(np.float32), steps
+
+    def update_priorities(self, indices: np.ndarray | torch.Tensor, errors: np.ndarray | torch.Tensor) -> None:
+        """New priorities ``|errors| + priority_eps`` for the slots ``indices`` of a sampled batch (``batch.indices``);
+        CleanRL's Rainbow passes each sample's loss. A slot written again since it was sampled (its transition waiting
+        for its n steps) is left alone."""
+        if self.priorities is None:
+            raise FleetError("update_priorities needs a prioritised replay buffer: create it with alpha (make_replay(..., "
+                             "alpha=args.prioritized_replay_alpha)).")
+        indices = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices, np.int64)
+        if isinstance(errors, torch.Tensor):
+            errors = errors.detach().cpu().numpy()
+        if self.n_step > 1:
+            keep = self._waited(indices)
+            indices, errors = indices[keep], np.asarray(errors).reshape(-1)[keep]
+        self.priorities.update(indices, errors)
 
     def sampleable(self) -> np.ndarray:
-        """Every slot index :meth:`sample` may draw (all written slots, less those whose frames were overwritten)."""
+        """Every slot index :meth:`sample` may draw (written slots, less those whose frames were overwritten, whose n
+        steps are not stored yet, or whose priority is 0)."""
         indices = np.arange(self.filled * self.num_envs)
-        return indices[self._sampleable(indices)] if self.frame_stack else indices
+        if not (self.frame_stack or self.n_step > 1 or self.priorities is not None):
+            return indices
+        return indices[self._sampleable(indices)]
+
+    def _waited(self, indices: np.ndarray) -> np.ndarray:
+        """Whether each slot's transition has its n steps (or its episode's end) stored."""
+        age = (self.row - 1 - indices // self.num_envs) % self.rows
+        return age >= self.pending[indices % self.num_envs]
 
     def _sampleable(self, indices: np.ndarray) -> np.ndarray:
-        first = np.minimum(np.maximum(self.obs_end[indices] + 1 - self.stack, self.obs_start[indices]),
-                           np.maximum(self.next_end[indices] + 1 - self.stack, self.next_start[indices]))
-        return first >= self.written[indices % self.num_envs] - self.frames_per_env
+        ok = np.ones(len(indices), bool)
+        if self.priorities is not None:
+            ok &= self.priorities.tree[indices] > 0  # (a mass on a sum's rounding edge can reach a leaf of 0)
+        if self.n_step > 1:
+            ok &= self._waited(indices)
+        if self.frame_stack:
+            last = self._n_step(indices)[0] if self.n_step > 1 else indices
+            first = np.minimum(np.maximum(self.obs_end[indices] + 1 - self.stack, self.obs_start[indices]),
+                               np.maximum(self.next_end[last] + 1 - self.stack, self.next_start[last]))
+            ok &= first >= self.written[indices % self.num_envs] - self.frames_per_env
+        return ok
 
     def _stacks(self, envs: np.ndarray, end: np.ndarray, start: np.ndarray) -> np.ndarray:
         # positions before a segment's start repeat its first frame
@@ -263,18 +477,21 @@ class ReplayBuffer:
     # ------------------------------------------------------------------------------------------------ checkpoints
     def _array_names(self) -> tuple[list[str], list[str]]:
         """(arrays with a row per slot, whole arrays): what a checkpoint holds besides the cursor."""
+        n_step = (["ends"], ["pending"]) if self.n_step > 1 else ([], [])
         if not self.frame_stack:
-            return ["actions", "rewards", "dones", "obs", "next_obs"], []
-        return (["actions", "rewards", "dones", "obs_end", "obs_start", "next_end", "next_start"],
-                ["written", "last_obs", "has_last", "last_end", "last_start"])
+            return ["actions", "rewards", "dones", "obs", "next_obs", *n_step[0]], n_step[1]
+        return (["actions", "rewards", "dones", "obs_end", "obs_start", "next_end", "next_start", *n_step[0]],
+                ["written", "last_obs", "has_last", "last_end", "last_start", *n_step[1]])
 
     def state_dict(self) -> dict[str, Any]:
         """The contents as torch tensors (``torch.load(weights_only=True)`` takes them) and the cursor: only the
         written part, so a checkpoint of a part-filled buffer is that much smaller."""
         state: dict[str, Any] = {"capacity": self.capacity, "num_envs": self.num_envs, "frame_stack": self.frame_stack,
-                                 "row": self.row, "filled": self.filled}
+                                 "row": self.row, "filled": self.filled, **self._options()}
         per_slot, whole = self._array_names()
         used = self.filled * self.num_envs
+        if self.priorities is not None:  # the written slots' priorities (the tree is rebuilt from them) and the highest
+            state.update(self.priorities.state_dict(used))
         for name in per_slot:
             state[name] = torch.from_numpy(getattr(self, name)[:used])
         for name in whole:
@@ -286,7 +503,8 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s contents into this buffer (same capacity, envs and layout), copying them."""
         per_slot, whole = self._array_names()
-        mine = {"capacity": self.capacity, "num_envs": self.num_envs, "frame_stack": self.frame_stack,
+        state = {"n_step": 1, "prioritized": False, **state}  # checkpoints written before these options
+        mine = {"capacity": self.capacity, "num_envs": self.num_envs, "frame_stack": self.frame_stack, **self._options(),
                 **{name: tuple(getattr(self, name).shape[1:]) for name in per_slot},
                 **{name: tuple(getattr(self, name).shape) for name in whole}}
         theirs = {k: (tuple(state[k].shape[1:]) if k in per_slot else tuple(state[k].shape) if k in whole else state[k])
@@ -298,7 +516,8 @@ class ReplayBuffer:
         if theirs != mine:
             differ = "; ".join(f"{k}: {theirs[k]} in the checkpoint, {mine[k]} here" for k in mine if theirs[k] != mine[k])
             raise FleetError(f"The checkpoint's replay buffer does not match this run's ({differ}): resume with the same "
-                             f"--buffer-size, --num-envs and env, or without the saved buffer.")
+                             f"--buffer-size, --num-envs, env, --n-step and prioritised replay, or without the saved "
+                             f"buffer.")
         self.row, self.filled = int(state["row"]), int(state["filled"])
         for name in per_slot:
             getattr(self, name)[: len(state[name])] = state[name].numpy()
@@ -307,12 +526,19 @@ class ReplayBuffer:
         if self.frame_stack:
             for i, ring in enumerate(rings):
                 self.frames[i, : len(ring)] = ring.numpy()
+        if self.priorities is not None:
+            self.priorities.load_state_dict(state)
+
+    def _options(self) -> dict[str, Any]:
+        return {"n_step": self.n_step, "prioritized": self.priorities is not None}
 
 
 class _Layout:
     """The shapes and dtypes of a buffer's arrays (shared by the buffer and the memory estimate)."""
 
-    def __init__(self, capacity: int, num_envs: int, obs_space: gym.Space, action_space: gym.Space, frame_stack: bool | None):
+    def __init__(self, capacity: int, num_envs: int, obs_space: gym.Space, action_space: gym.Space, frame_stack: bool | None,
+                 n_step: int = 1, prioritized: bool = False):
+        self.n_step, self.prioritized = n_step, prioritized
         self.rows = max(capacity // num_envs, 1)
         self.num_envs = num_envs
         self.obs_shape = tuple(obs_space.shape)
@@ -331,10 +557,24 @@ class _Layout:
         slots = self.rows * self.num_envs
         obs_bytes = int(np.prod(self.obs_shape)) * self.obs_dtype.itemsize
         per_slot = int(np.prod(self.action_shape)) * self.action_dtype.itemsize + 4 + 4  # actions, rewards, dones
+        # the sum tree: 2 * slots - 1 float32 nodes; n-step: where each slot's returns stop, and each env's waiting rows
+        options = (4 * (2 * slots - 1) if self.prioritized else 0) + (slots + 8 * self.num_envs if self.n_step > 1 else 0)
         if not self.frames:
-            return slots * (per_slot + 2 * obs_bytes)
+            return slots * (per_slot + 2 * obs_bytes) + options
         frame_bytes = obs_bytes // self.obs_shape[0]
-        return slots * (per_slot + 4 * 8) + self.num_envs * (self.frames_per_env * frame_bytes + obs_bytes)
+        return slots * (per_slot + 4 * 8) + self.num_envs * (self.frames_per_env * frame_bytes + obs_bytes) + options
+
+
+def _check_n_step(n_step: int, gamma: float | None, rows: int) -> None:
+    if not (isinstance(n_step, (int, np.integer)) and n_step >= 1):
+        raise FleetError(f"--n-step is the number of steps of each return and must be a whole number of at least 1 (1: "
+                         f"one-step returns; CleanRL's Rainbow uses 3), and it is {n_step!r}.")
+    if n_step > 1 and (gamma is None or not 0 <= gamma <= 1):
+        raise FleetError(f"n-step returns discount each step by gamma, which must lie in [0, 1]; it is {gamma!r}: pass "
+                         f"gamma=args.gamma with n_step={n_step}.")
+    if n_step > rows:
+        raise FleetError(f"A replay buffer of {rows} steps per env cannot hold the {n_step} steps of an n-step return: raise "
+                         f"--buffer-size or lower --n-step.")
 
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
