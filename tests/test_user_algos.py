@@ -27,6 +27,7 @@ TINY = {
     "ppo": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "ppo_lstm": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "dqn": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000"], 600),
+    "pqn": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "sac": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
     "td3": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
 }
@@ -120,6 +121,10 @@ class TestACopyOfPPOLSTM(_UsersCopy):
 
 class TestACopyOfDQN(_UsersCopy):
     algo = "dqn"
+
+
+class TestACopyOfPQN(_UsersCopy):
+    algo = "pqn"
 
 
 class TestACopyOfSAC(_UsersCopy):
@@ -262,7 +267,7 @@ def test_new_never_overwrites_a_file_without_force_and_refuses_bad_names(tmp_pat
         assert proc.returncode == 2 and message in proc.stderr, (name, proc.stderr)
         assert not (tmp_path / f"{name}.py").exists()
     unknown = new_file(tmp_path, "x1", "a2c")
-    assert unknown.returncode == 2 and "ppo, ppo_lstm, dqn, sac, td3" in unknown.stderr
+    assert unknown.returncode == 2 and ", ".join(ALGOS) in unknown.stderr
     sub = new_file(tmp_path, "experiments/x2.py", "ppo")
     assert sub.returncode == 2 and "mkdir -p experiments" in sub.stderr
 
