@@ -42,12 +42,26 @@ def seeds_of(text: str) -> list[int]:
     return list(range(int(first), int(last or first) + 1))
 
 
-def last_scalar(run: Path, tag: str) -> list[float]:
+def scalars(run: Path, tag: str) -> list[tuple[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
-    return [s.value for s in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+    return [(s.step, s.value) for s in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+
+
+def last_scalar(run: Path, tag: str) -> list[float]:
+    return [value for _, value in scalars(run, tag)]
+
+
+def step_reaching(run: Path, bar: float) -> float:
+    """The step at which the mean of the last 10 episodes first reached ``bar`` (inf: never)."""
+    points = scalars(run, "charts/episodic_return")
+    values = np.array([v for _, v in points])
+    for i in range(10, len(points) + 1):
+        if values[i - 10 : i].mean() >= bar:
+            return points[i - 1][0]
+    return float("inf")
 
 
 def run_one(side: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
@@ -89,6 +103,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="1-8", help="FIRST-LAST")
     parser.add_argument("--cpu", type=int, default=1, help="the core every run is pinned to")
     parser.add_argument("--out", default="runs/rpo_vs_cleanrl")
+    parser.add_argument("--bar", type=float, default=950, help="a return whose first step (mean of 10 episodes) the table gives")
     parser.add_argument("--score-bounds", default="InvertedPendulum-v5=0,1000", help="for fleetrl compare (its return's range)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
@@ -108,14 +123,16 @@ def main() -> None:
     speeds = {  # column: steps per second of a run
         "SPS (wall)": lambda r: r["steps"] / r["wall_s"], "SPS (CPU time)": lambda r: r["steps"] / r["cpu_s"], "SPS (in-loop)": lambda r: r["loop_sps"]}
     print(f"\n{args.env_id}, {args.steps} steps a run, seeds {args.seeds}, taskset -c {args.cpu}, one torch thread, one run at a time\n")
-    print("| side | runs | final return, mean ± std | " + " | ".join(f"median {c}" for c in speeds) + " |")
-    print("| --- " * (3 + len(speeds)) + "|")
+    print(f"| side | runs | final return, mean ± std | median step reaching {args.bar:g} | " + " | ".join(f"median {c}" for c in speeds) + " |")
+    print("| --- " * (4 + len(speeds)) + "|")
     for side in SIDES:
         scores = [r["score"] for r in results[side]]
+        reached = [step_reaching(next((out / side).glob(f"*__{SIDES[side][1]}__{r['seed']}__*")), args.bar) for r in results[side]]
         cells = [f"{median(side, f):,.0f}" for f in speeds.values()]
-        print(f"| {LABELS[side]} | {len(scores)} | {np.mean(scores):.1f} ± {np.std(scores):.1f} | " + " | ".join(cells) + " |")
+        print(f"| {LABELS[side]} | {len(scores)} | {np.mean(scores):.1f} ± {np.std(scores):.1f} | {np.median(reached):,.0f} "
+              f"({sum(np.isfinite(reached))} of {len(reached)} reached) | " + " | ".join(cells) + " |")
     ratios = [f"{median('fleetrl', f) / median('cleanrl', f):.2f}x" for f in speeds.values()]
-    print("| fleetrl / CleanRL | | | " + " | ".join(ratios) + " |\n")
+    print("| fleetrl / CleanRL | | | | " + " | ".join(ratios) + " |\n")
 
     compare = [sys.executable, "-m", "fleetrl", "compare", str(out / "fleetrl"), str(out / "cleanrl"), "--labels", LABELS["fleetrl"],
                LABELS["cleanrl"], "--out", str(out / "compare"), "--score-bounds", args.score_bounds]
