@@ -33,8 +33,9 @@ class NewArgs:
     """overwrite the file if it exists"""
 
 
-def template(algo: str, name: str, today: datetime.date | None = None) -> str:
-    """The text of ``name``.py: the built-in ``algo``'s file with its names changed to ``name``."""
+def template(algo: str, name: str, today: datetime.date | None = None, path: str | None = None) -> str:
+    """The text of ``name``.py: the built-in ``algo``'s file with its names changed to ``name``. ``path``: where it is
+    written, as the user gave it (the header's commands name it) [``name``.py]."""
     source = Path(importlib.util.find_spec(f"fleetrl.algos.{algo}").origin).read_text()
     named = '*, algo: str = "{}",' if algo == "ppo" else 'algo="{}"'  # the name its run passes to Run.start
     renames = [  # each must match exactly once, or the built-in changed and this must follow it
@@ -45,9 +46,12 @@ def template(algo: str, name: str, today: datetime.date | None = None) -> str:
         if source.count(old) != 1:
             raise AssertionError(f"fleetrl/algos/{algo}.py has {source.count(old)} of {old.strip()!r}, not 1: update fleetrl/tools/new.py")
         source = source.replace(old, new)
-    header = (f"# {name}.py: your own copy of fleetrl's {algo} (fleetrl {fleetrl.__version__}), made by `fleetrl new {name} --from {algo}` "
+    path = path or f"{name}.py"
+    given = name if path == f"{name}.py" else path
+    local = path if path.startswith(("/", "./", "../")) else f"./{path}"
+    header = (f"# {name}.py: your own copy of fleetrl's {algo} (fleetrl {fleetrl.__version__}), made by `fleetrl new {given} --from {algo}` "
               f"on {(today or datetime.date.today()).isoformat()}.\n"
-              f"# Change anything. Run it: python {name}.py --env-id ENV, torchrun --nproc-per-node 2 {name}.py ..., fleetrl train ./{name}.py ...\n"
+              f"# Change anything. Run it: python {path} --env-id ENV, torchrun --nproc-per-node 2 {path} ..., fleetrl train {local} ...\n"
               f"# It imports only the engine's public names, listed with what stays stable in fleetrl's docs/engine.md.\n")
     return header + source
 
@@ -71,7 +75,7 @@ def new(args: NewArgs) -> Path:
     if not path.parent.is_dir():
         raise FleetError(f"There is no folder {path.parent} to write {path.name} into. Create it first (mkdir -p {path.parent}).")
     try:
-        files.write_atomically(path, template(args.from_algo, name))
+        files.write_atomically(path, template(args.from_algo, name, path=args.name if args.name.endswith(".py") else None))
     except OSError as exc:
         raise FleetError(f"Cannot write {path} ({exc.strerror or exc}). Choose a folder you can write.") from None
     print(f"wrote {path}: fleetrl's {args.from_algo}, yours to change. Run it:\n"
