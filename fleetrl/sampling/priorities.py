@@ -159,6 +159,8 @@ class Priorities:
         if isinstance(slots, torch.Tensor):
             slots = slots.cpu().numpy()
         priorities = np.abs(np.asarray(errors)).reshape(-1) + self.eps
+        if not len(priorities):
+            return
         self.max_priority = max(self.max_priority, priorities.max())
         # one scalar power each, as CleanRL's loop: numpy's array power takes other paths (x ** 0.5 is a sqrt, and SIMD
         # kernels on some CPUs), which round differently in the last bit

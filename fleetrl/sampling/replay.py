@@ -557,8 +557,8 @@ class _Layout:
         slots = self.rows * self.num_envs
         obs_bytes = int(np.prod(self.obs_shape)) * self.obs_dtype.itemsize
         per_slot = int(np.prod(self.action_shape)) * self.action_dtype.itemsize + 4 + 4  # actions, rewards, dones
-        # the sum tree: 2 * slots - 1 float32 nodes; n-step: where each slot's returns stop, and each env's waiting rows
-        options = (4 * (2 * slots - 1) if self.prioritized else 0) + (slots + 8 * self.num_envs if self.n_step > 1 else 0)
+        # the sum tree: 2 * slots - 1 float32 nodes; n-step: where each slot's returns stop
+        options = (4 * (2 * slots - 1) if self.prioritized else 0) + (slots if self.n_step > 1 else 0)
         if not self.frames:
             return slots * (per_slot + 2 * obs_bytes) + options
         frame_bytes = obs_bytes // self.obs_shape[0]
