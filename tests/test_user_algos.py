@@ -27,6 +27,7 @@ TINY = {
     "ppo": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "ppo_lstm": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "dqn": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000"], 600),
+    "c51": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000"], 600),
     "pqn": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "sac": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
     "td3": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
@@ -121,6 +122,10 @@ class TestACopyOfPPOLSTM(_UsersCopy):
 
 class TestACopyOfDQN(_UsersCopy):
     algo = "dqn"
+
+
+class TestACopyOfC51(_UsersCopy):
+    algo = "c51"
 
 
 class TestACopyOfPQN(_UsersCopy):

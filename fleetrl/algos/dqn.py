@@ -20,6 +20,7 @@ Differences from CleanRL, each on purpose:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,6 +124,10 @@ class QNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x)
 
+    def q_values_on_host(self, device: torch.device) -> Callable[[np.ndarray], np.ndarray]:
+        """numpy observations -> numpy Q-values, for acting a step at a time (a small MLP on the CPU runs in numpy)."""
+        return host_forward(self.network, device)
+
     def act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
         """Greedy actions; with ``deterministic=False``, epsilon-greedy."""
         actions = self(x).argmax(dim=1)
@@ -143,37 +148,53 @@ def times_due(global_step: int, steps: int, every: int) -> int:
     return (global_step + steps - 1) // every - (global_step - 1) // every
 
 
+# ============================================================================ loss
+def td_loss(q_network: QNetwork, target_network: QNetwork, data: ReplayBatch, args: Args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CleanRL's TD loss on a sampled batch, and the scalars it logs (``losses/td_loss``, ``losses/q_values``)."""
+    with torch.no_grad():
+        target_max, _ = target_network(data.next_obs).max(dim=1)
+        td_target = data.rewards + args.gamma * target_max * (1 - data.dones)
+    old_val = q_network(data.obs).gather(1, data.actions.unsqueeze(1)).squeeze(1)
+    loss = F.mse_loss(td_target, old_val)
+    return loss, {"td_loss": loss.detach(), "q_values": old_val.detach().mean()}
+
+
+def make_q_network(args: Args, obs_shape: tuple[int, ...], num_actions: int) -> QNetwork:
+    return QNetwork(obs_shape, num_actions)
+
+
 # ============================================================================ training
-def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
+def train(args: Args, explicit: set[str] | None = None, algo="dqn", family_defaults: dict = FAMILY_DEFAULTS,
+          validate: Callable[..., None] = validate, make_q_network: Callable[..., nn.Module] = make_q_network,
+          loss_fn: Callable[..., tuple] = td_loss, adam_eps: float | Callable[[Args], float] = 1e-8) -> TrainResult:
     """Train DQN, in one process or under torchrun. ``explicit``: the flags given on the command line (they win over
-    a resumed run's saved arguments)."""
+    a resumed run's saved arguments). A variant (C51) passes the pieces it changes: its name, its flags' defaults and
+    checks, ``make_q_network(args, obs_shape, num_actions)``, ``loss_fn(q_network, target_network, batch, args) ->
+    (loss, scalars)`` and Adam's ``adam_eps`` (a number, or a function of the args)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
-    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="dqn", lag_worker="learner process") as run:
+    with Run.start(args, explicit, family_defaults, validate, algo=algo, lag_worker="learner process") as run:
         args, dist, device = run.args, run.dist, run.device
         envs = run.make_envs()  # this rank's envs; a continuous action space was refused here
         obs_shape, num_actions, num_envs = envs.single_observation_space.shape, int(envs.single_action_space.n), run.local_num_envs
         num_iterations = offpolicy.num_iterations(args)  # STEPS_PER_ITERATION vector steps each
         local_batch_size = args.batch_size // dist.world_size  # each rank's share of a batch
 
-        q_network = QNetwork(obs_shape, num_actions).to(device)
+        q_network = make_q_network(args, obs_shape, num_actions).to(device)
         dist.broadcast_parameters(q_network)  # every replica starts from rank 0's parameters
-        optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)  # one kernel for all params
+        eps = adam_eps(args) if callable(adam_eps) else adam_eps
+        optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=eps, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(q_network.parameters())  # averages gradients over ranks
-        q_values_of = host_forward(q_network.network, device)  # numpy -> numpy; small MLPs on the CPU act in numpy
-        target_network = QNetwork(obs_shape, num_actions).to(device)
+        q_values_of = q_network.q_values_on_host(device)  # numpy -> numpy; small MLPs on the CPU act in numpy
+        target_network = make_q_network(args, obs_shape, num_actions).to(device)
         target_network.load_state_dict(q_network.state_dict())
         rb = offpolicy.make_replay(run, envs)  # this rank's shard, its memory checked against what is free
         run.register(q_network=q_network, target_network=target_network, optimizer=optimizer)
 
         def td_update(data: ReplayBatch) -> dict[str, torch.Tensor]:  # one gradient step on a sampled batch
-            with torch.no_grad():
-                target_max, _ = target_network(data.next_obs).max(dim=1)
-                td_target = data.rewards + args.gamma * target_max * (1 - data.dones)
-            old_val = q_network(data.obs).gather(1, data.actions.unsqueeze(1)).squeeze(1)
-            loss = F.mse_loss(td_target, old_val)
+            loss, scalars = loss_fn(q_network, target_network, data, args)
             optimizer_step(optimizer, grad_sync, loss)  # optimize the model (gradients averaged over ranks)
-            return {"td_loss": loss.detach(), "q_values": old_val.detach().mean()}  # read once an iteration
+            return scalars  # read once an iteration
 
         def update_target() -> None:  # the same arithmetic on every rank: the replicas stay identical
             soft_update(target_network, q_network, args.tau)  # tau * q_network + (1 - tau) * target_network
