@@ -58,18 +58,17 @@ class SumTree:
         """Set the leaves of ``slots`` to ``values`` (where a slot repeats, its last value wins, as when updating one at
         a time) and recompute their ancestors, level by level for the whole batch."""
         slots = np.asarray(slots, np.int64).reshape(-1)
-        values = np.broadcast_to(np.asarray(values, np.float32), slots.shape)
-        if len(slots) > 1:  # the last occurrence of each slot
-            last = len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1]
-            slots, values = slots[last], values[last]
-        nodes = slots + self.first_leaf
-        self.nodes[nodes] = values
-        if len(nodes) == 1:  # one env's step: a walk of Python ints is 10x faster than numpy's per-call overhead
-            node, tree = int(nodes[0]), self.nodes
+        if len(slots) == 1:  # one env's step: a walk of Python ints is 10x faster than numpy's per-call overhead
+            node, tree = int(slots[0]) + self.first_leaf, self.nodes
+            tree[node] = np.asarray(values, np.float32).reshape(-1)[0]
             while node:
                 node = (node - 1) >> 1
                 tree[node] = tree[2 * node + 1] + tree[2 * node + 2]
             return
+        values = np.broadcast_to(np.asarray(values, np.float32), slots.shape)
+        last = len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1]  # the last occurrence of each slot
+        nodes = slots[last] + self.first_leaf
+        self.nodes[nodes] = values[last]
         # every node is left + right of its children, as a tree updated one leaf at a time ends up; a node reached
         # again from a deeper leaf is recomputed again, after its children
         for _ in range(self.depth):
@@ -84,13 +83,18 @@ class SumTree:
         reaches it. Masses are float64, compared with the float32 sums and reduced as CleanRL's ``retrieve``."""
         masses = np.array(masses, np.float64).reshape(-1)
         nodes = np.zeros(len(masses), np.int64)
-        inner_nodes = self.first_leaf
-        for _ in range(self.depth):
-            inner = nodes < inner_nodes  # leaves one level short of the deepest stay where they are
+        # the levels whose nodes all have children: five numpy calls a level, in place
+        for _ in range(self.capacity.bit_length() - 1):
+            nodes *= 2
+            nodes += 1
+            left_mass = self.nodes[nodes]
+            right = masses > left_mass
+            np.subtract(masses, left_mass, out=masses, where=right)
+            nodes += right
+        if self.depth > self.capacity.bit_length() - 1:  # the last level, where only some nodes have children
+            inner = nodes < self.first_leaf
             left = np.where(inner, 2 * nodes + 1, 0)
-            left_mass = self.nodes[left]
-            right = inner & (masses > left_mass)
-            masses -= np.where(right, left_mass, 0)
+            right = inner & (masses > self.nodes[left])
             nodes = np.where(inner, left + right, nodes)
         return nodes - self.first_leaf
 
