@@ -283,11 +283,11 @@ class ReplayBuffer:
         if ended.any():
             done.append(self._pending_slots(np.flatnonzero(ended)))
             self.pending[ended] = 0
-        if self.priorities is not None:  # this row's slots (held older transitions) wait; the completed ones go in last
-            self.priorities.tree.update(np.concatenate([np.arange(slots.start, slots.stop), *done]),
-                                        np.concatenate([np.zeros(self.num_envs, np.float32),
-                                                        np.full(sum(map(len, done)), self.priorities.max_priority ** self.priorities.alpha,
-                                                                np.float32)]))
+        if self.priorities is not None:  # this row's slots (they held older transitions) wait; the completed go in last
+            completed = np.concatenate(done)
+            values = np.zeros(self.num_envs + len(completed), np.float32)
+            values[self.num_envs:] = self.priorities.max_priority ** self.priorities.alpha
+            self.priorities.tree.update(np.concatenate([np.arange(slots.start, slots.stop), completed]), values)
 
     def _cut(self, envs: np.ndarray) -> None:
         """These envs' steps do not continue their last ones: their n-step returns stop there (bootstrapped)."""
