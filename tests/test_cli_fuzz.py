@@ -1,5 +1,5 @@
 """Fuzzed command lines: random and boundary values (0, negatives, NaN, inf, huge numbers, empty strings,
-unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, dqn, sac, td3), `eval`, `bench-env`,
+unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, dqn, pqn, sac, td3), `eval`, `bench-env`,
 `benchmark`, `tune`, `plot`, `compare` and `preflight`.
 
 Two properties per command:
@@ -266,6 +266,22 @@ TD3_RANGES = {
     "--policy-frequency": (ints, whole(1)),
     "--noise-clip": (floats, NON_NEGATIVE),
 }
+PQN_RANGES = {
+    **COMMON_RANGES,
+    "--learning-rate": (floats, POSITIVE),
+    "--num-steps": (ints, whole(1)),
+    "--num-minibatches": (ints, whole(1)),
+    "--update-epochs": (ints, whole(1)),
+    "--gamma": (floats, FRACTION),
+    "--start-e": (floats, FRACTION),
+    "--end-e": (floats, FRACTION),
+    "--exploration-fraction": (floats, real(0, 1, open_low=True)),
+    "--max-grad-norm": (floats, POSITIVE),
+    "--q-lambda": (floats, FRACTION),
+    "--async-batch": (ints, whole(1)),
+    "--policy-lag": (ints, whole(0, 1)),
+    "--frame-stack": (ints, whole(1, 16)),
+}
 EVAL_RANGES = {"--episodes": (ints, whole(1)), "--seed": (ints, SEED)}
 BENCH_ENV_RANGES = {"--seconds": (floats, real(0, open_low=True)), "--repeats": (ints, whole(1)), "--async-batch": (ints, whole(1))}
 BENCHMARK_RANGES = {"--num-seeds": (ints, whole(1, 10_000)), "--start-seed": (ints, SEED), "--workers": (ints, whole(1)),
@@ -303,6 +319,7 @@ def engine_sentinels(monkeypatch):
     """Stop a started training run after its first iteration, or before it builds more than a test should."""
     import fleetrl.algos.dqn as dqn
     import fleetrl.algos.ppo as ppo
+    import fleetrl.algos.pqn as pqn
     import fleetrl.algos.sac as sac
     import fleetrl.algos.td3 as td3
     import fleetrl.monitor.trainlog as trainlog
@@ -352,6 +369,8 @@ def engine_sentinels(monkeypatch):
     monkeypatch.setattr(run, "Learner", learner)
     monkeypatch.setattr(ppo, "Sampler", sampler)  # ppo_lstm trains through ppo.train
     monkeypatch.setattr(ppo, "ppo_loss", counted(real_loss))
+    monkeypatch.setattr(pqn, "Sampler", sampler)  # pqn builds its own sampler
+    monkeypatch.setattr(pqn, "td_loss", counted(pqn.td_loss))
     for module in (offpolicy, sac, td3):
         monkeypatch.setattr(module, "make_replay", make_replay)  # dqn calls offpolicy.make_replay
     for module in (dqn, sac, td3):
@@ -380,6 +399,7 @@ ALGOS = {
     "ppo": ("CartPole-v1", train_sizes, PPO_RANGES, TRAIN_ACROSS),
     "ppo_lstm": ("CartPole-v1", train_sizes, PPO_RANGES, TRAIN_ACROSS + ("sequence", "split evenly")),
     "dqn": ("CartPole-v1", offpolicy_sizes, DQN_RANGES, OFFPOLICY_ACROSS),
+    "pqn": ("CartPole-v1", train_sizes, PQN_RANGES, TRAIN_ACROSS),
     "sac": ("Pendulum-v1", offpolicy_sizes, SAC_RANGES, OFFPOLICY_ACROSS),
     "td3": ("Pendulum-v1", offpolicy_sizes, TD3_RANGES, OFFPOLICY_ACROSS),
 }
@@ -410,7 +430,7 @@ def test_train_refuses_every_number_out_of_its_range_and_starts_with_the_others(
     check_train_numbers("ppo", sizes, numbers)
 
 
-@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "sac", "td3"])
+@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3"])
 def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_the_others(algo, engine_sentinels):
     _, sizes, ranges, _ = ALGOS[algo]
 
@@ -424,7 +444,7 @@ def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_th
 
 @st.composite
 def train_junk(draw) -> tuple[list[str], str | None]:
-    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "sac", "td3"]))
+    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3"]))
     env_id, sizes, ranges, _ = ALGOS[algo]
     run_dir = draw(st.sampled_from(["run", "run", "nested/deeper/run", "", ".", None]))
     argv = ["train", algo, *(["--run-dir", run_dir] if run_dir is not None else [])]

@@ -105,11 +105,12 @@ def validate(args: Args, world_size: int = 1) -> None:
     validate_onpolicy(args, world_size, RANGES)  # the common flags, the sampler's and precision's
     per_process = args.num_envs // world_size * args.num_steps
     if per_process % args.num_minibatches:
-        raise FleetError(f"Each update splits the {per_process} transitions a process collects (--num-envs {args.num_envs} / {world_size} "
-                         f"process(es) x --num-steps {args.num_steps}) into --num-minibatches {args.num_minibatches}, which does not "
-                         f"divide it. Choose one of {config.divisors(per_process)}, or change --num-envs/--num-steps.")
+        raise FleetError(f"The {per_process} transitions each process collects (--num-envs {args.num_envs} / {world_size} process(es) x "
+                         f"--num-steps {args.num_steps}) do not split into --num-minibatches {args.num_minibatches} whole minibatches. "
+                         f"Choose --num-minibatches that divides {per_process} (e.g. {', '.join(map(str, config.divisors(per_process)))}), "
+                         f"or change --num-envs/--num-steps.")
     if args.total_timesteps < args.num_envs * args.num_steps:
-        raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-envs x --num-steps = "
+        raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one batch (--num-envs x --num-steps = "
                          f"{args.num_envs * args.num_steps}); raise it.")
 
 

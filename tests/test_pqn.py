@@ -1,0 +1,208 @@
+"""PQN: CleanRL's loop step for step (actions, Q(lambda) returns, losses bit for bit), the Q(lambda) recurrence at episode
+ends, time limits and in first-ready batches, CartPole learned on a small budget, an exact resume after SIGTERM, greedy
+deterministic evaluation, the sampler's modes, and clear refusals. Real envs, real learning."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from fleetrl import checkpoint
+from fleetrl.algos import pqn
+from fleetrl.monitor.tbread import read_scalars
+from fleetrl.sampling.rollout import RolloutBuffer
+
+from conftest import assert_same_learner, killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
+
+CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress", "--precision", "fp32"]
+SMALL = [*CARTPOLE, "--num-steps", "32"]  # 4 envs x 32 steps: 128 transitions an iteration
+# the same observation every step and no episode end (tests/fleetrl_test_envs.py): a resume, which restarts the episodes,
+# sees what an uninterrupted run sees
+STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", *SMALL[2:]]
+
+
+def assert_clean_failure(proc, *needles):
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ CleanRL, step for step
+def test_fleetrls_loop_and_cleanrls_take_the_same_actions_returns_and_losses_bit_for_bit(monkeypatch):
+    # benchmarks/pqn_vs_cleanrl.py --lockstep, short: CleanRL's pqn.py loop given fleetrl's exploration draws and
+    # minibatch order acts, computes its Q(lambda) returns and each loss exactly as fleetrl does (40,960 steps on seed 3
+    # stayed identical; docs/algorithms.md)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import pqn_vs_cleanrl
+
+    ours, theirs = pqn_vs_cleanrl.lockstep(seed=1, steps=4096)
+    assert len(ours.actions) == len(theirs.actions) == 4096 // 4
+    assert ours.actions == theirs.actions
+    assert len(ours.returns) == len(theirs.returns) == 8
+    for a, b in zip(ours.returns, theirs.returns):
+        assert a.dtype == b.dtype == np.float32 and np.array_equal(a, b)
+    assert len(ours.losses) == 8 * 4 * 4 and ours.losses == theirs.losses
+    explored = np.concatenate(ours.uniforms)[:, 0]
+    assert 0.2 < explored.mean() < 0.8, "the explore uniforms are uniform"
+
+
+# ------------------------------------------------------------------------------------------ Q(lambda)
+def buffer(rewards, values, terminated=None, truncated=None, final_values=None, last_values=None, env_ids=None) -> RolloutBuffer:
+    rewards = np.asarray(rewards, np.float32)
+    b = RolloutBuffer(*rewards.shape, (1,), np.float32, (), np.int64, total_envs=None if env_ids is None else len(last_values))
+    b.rewards[:], b.values[:] = rewards, np.asarray(values, np.float32)
+    b.terminated[:] = False if terminated is None else np.asarray(terminated, bool)
+    b.dones[:] = b.terminated | (False if truncated is None else np.asarray(truncated, bool))
+    b.final_values[:] = 0.0 if final_values is None else np.asarray(final_values, np.float32)
+    b.last_values[:] = np.asarray(last_values if last_values is not None else np.zeros(rewards.shape[1]), np.float32)
+    if env_ids is not None:
+        b.env_ids[:] = env_ids
+    return b
+
+
+def test_q_lambda_mixes_the_next_return_and_the_next_greedy_value_and_bootstraps_the_last_from_its_value():
+    gamma, lam = 0.9, 0.5
+    b = buffer([[1.0], [2.0], [3.0]], [[10.0], [20.0], [30.0]], last_values=[40.0])
+    returns = pqn.q_lambda_returns(b, gamma, lam)[:, 0]
+    g2 = 3.0 + gamma * 40.0
+    g1 = 2.0 + gamma * (lam * g2 + (1 - lam) * 30.0)
+    g0 = 1.0 + gamma * (lam * g1 + (1 - lam) * 20.0)
+    np.testing.assert_allclose(returns, [g0, g1, g2], rtol=1e-6)
+    one_step = pqn.q_lambda_returns(b, gamma, 0.0)[:, 0]  # lambda 0: Q-learning's one-step targets
+    np.testing.assert_allclose(one_step, [1 + gamma * 20, 2 + gamma * 30, 3 + gamma * 40], rtol=1e-6)
+
+
+def test_q_lambda_stops_at_termination_and_bootstraps_a_time_limit_from_the_final_observations_value():
+    gamma, lam = 0.9, 0.65
+    b = buffer([[1.0, 1.0], [1.0, 1.0]], [[5.0, 5.0], [7.0, 7.0]], terminated=[[True, False], [False, False]],
+               truncated=[[False, True], [False, False]], final_values=[[0.0, 8.0], [0.0, 0.0]], last_values=[9.0, 9.0])
+    returns = pqn.q_lambda_returns(b, gamma, lam)
+    assert returns[0, 0] == 1.0, "nothing after a termination"
+    assert returns[0, 1] == np.float32(1.0 + gamma * np.float32(8.0)), "a time limit bootstraps from its final value"
+
+
+def test_first_ready_rows_give_each_env_the_returns_of_its_own_trajectory():
+    gamma, lam = 0.99, 0.65
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(4, 2)).astype(np.float32), rng.normal(size=(4, 2)).astype(np.float32)
+    terminated = np.array([[0, 0], [1, 0], [0, 0], [0, 0]], bool)
+    columns = pqn.q_lambda_returns(buffer(rewards, values, terminated, last_values=[0.5, -0.5]), gamma, lam)
+    # the same transitions as arrival batches of one env each: env 0, env 1, env 1, env 0, ...
+    order = [(t, e) for t in range(4) for e in (0, 1)]
+    order = order[0::2][:1] + order[1::2][:2] + order[0::2][1:] + order[1::2][2:]  # env 0 once, then env 1 twice, ...
+    rows = buffer([[rewards[t, e]] for t, e in order], [[values[t, e]] for t, e in order], [[terminated[t, e]] for t, e in order],
+                  last_values=[0.5, -0.5], env_ids=[[e] for _, e in order])
+    arrived = pqn.q_lambda_returns(rows, gamma, lam)
+    for row, (t, e) in enumerate(order):
+        assert arrived[row, 0] == columns[t, e]
+
+
+# ------------------------------------------------------------------------------------------ the network and acting
+def test_greedy_evaluation_is_the_argmax_and_epsilon_greedy_explores_at_the_runs_final_epsilon():
+    torch.manual_seed(0)
+    q_network = pqn.QNetwork((4,), gym.spaces.Discrete(3))
+    x = torch.randn(500, 4)
+    greedy = q_network.act(x, deterministic=True)
+    assert torch.equal(greedy, q_network.q_values(x).argmax(-1))
+    q_network.epsilon = 0.5
+    assert 0.2 < (q_network.act(x, deterministic=False) != greedy).float().mean() < 0.5  # explore half, a third of it greedy anyway
+    assert any(isinstance(m, torch.nn.LayerNorm) for m in q_network.modules())
+
+
+def test_epsilon_falls_linearly_from_start_e_to_end_e_over_the_exploration_fraction_then_stays():
+    steps = np.array([0, 250, 500, 1000])
+    np.testing.assert_allclose(pqn.linear_schedule(1.0, 0.05, 500, steps), [1.0, 0.525, 0.05, 0.05])
+
+
+def test_help_lists_pqns_flags_with_their_family_defaults():
+    proc = run_fleetrl("train", "pqn", "--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--q-lambda", "--start-e", "--end-e", "--exploration-fraction", "--max-grad-norm", "--async-batch", "--policy-lag"):
+        assert flag in proc.stdout, flag
+    assert pqn.FAMILY_DEFAULTS["atari"]["exploration_fraction"] == 0.1 and pqn.FAMILY_DEFAULTS["classic"]["end_e"] == 0.05
+
+
+# ------------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("flags, needles", [
+    (["--q-lambda", "1.5"], ["--q-lambda", "1.5", "[0, 1]"]),
+    (["--q-lambda", "-0.1"], ["--q-lambda", "-0.1"]),
+    (["--num-minibatches", "3"], ["--num-minibatches 3", "do not split", "divides 512"]),
+    (["--exploration-fraction", "0"], ["--exploration-fraction"]),
+])
+def test_bad_flags_are_refused_with_one_paragraph_before_anything_runs(tmp_path, flags, needles):
+    proc = run_fleetrl("train", "pqn", *CARTPOLE, *flags, "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert_clean_failure(proc, *needles)
+    assert not (tmp_path / "run").exists(), "nothing started"
+
+
+def test_a_continuous_action_space_is_refused_naming_the_algorithms_that_fit(tmp_path):
+    proc = run_fleetrl("train", "pqn", "--env-id", "Pendulum-v1", "--no-progress", "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert_clean_failure(proc, "Pendulum-v1", "PQN", "continuous", "sac")
+    assert not checkpoint.list_checkpoints(tmp_path / "run")
+
+
+# ------------------------------------------------------------------------------------------ runs
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pqn_learns_cartpole_on_a_small_budget(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_fleetrl("train", "pqn", *CARTPOLE, "--total-timesteps", "60000", "--learning-rate", "1e-3", "--exploration-fraction", "0.2",
+                       "--run-dir", str(run_dir), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    returns = [p.value for p in read_scalars(run_dir, "charts/episodic_return")]
+    assert np.mean(returns[-20:]) > 150, returns[-20:]
+    for tag in ("losses/td_loss", "losses/q_values", "charts/epsilon", "charts/SPS"):
+        assert read_scalars(run_dir, tag), tag
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
+    iterations = 24
+    train = ["train", "pqn", *STATELESS, "--total-timesteps", str(iterations * 128), "--checkpoint-every", "2"]
+    whole = run_fleetrl(*train, "--run-dir", str(tmp_path / "whole"), timeout=240)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stopped = tmp_path / "stopped"
+    proc = start_fleetrl_group(*train, "--run-dir", str(stopped))
+    with killed_on_exit(proc):
+        wait_for_checkpoint(proc, stopped, 4 * 128)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    assert proc.returncode != 0 and "stopped by SIGTERM" in output and "--resume auto" in output, output[-3000:]
+    assert checkpoint.load_checkpoint(stopped)["global_step"] < iterations * 128
+    resumed = run_fleetrl(*train, "--resume", "auto", "--run-dir", str(stopped), timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_learner(checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped))
+    steps = [p.step for p in read_scalars(stopped, "charts/epsilon")]
+    assert steps == [128 * i for i in range(1, iterations + 1)], "every iteration logged exactly once"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_eval_plays_greedy_and_returns_the_same_episodes_for_a_seed(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_fleetrl("train", "pqn", *SMALL, "--total-timesteps", "1024", "--run-dir", str(run_dir)).returncode == 0
+    results = [run_fleetrl("eval", str(run_dir), "--episodes", "3", "--seed", "7", "--json", timeout=120) for _ in range(2)]
+    for proc in results:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = (json.loads(proc.stdout.strip().splitlines()[-1]) for proc in results)
+    assert first == second
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", [["--env-backend", "async", "--async-batch", "2"], ["--policy-lag", "1"]])
+def test_first_ready_batches_and_the_lagged_sampler_train(tmp_path, mode):
+    flags = [f for f in SMALL if f not in ("--env-backend", "sync")] + (["--env-backend", "sync"] if "async" not in mode else [])
+    run_dir = tmp_path / "run"
+    proc = run_fleetrl("train", "pqn", *flags, *mode, "--total-timesteps", "1024", "--run-dir", str(run_dir), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint.load_checkpoint(run_dir)["global_step"] == 1024
+    assert ("first-ready" if "async" in mode else "policy-lag 1") in proc.stdout
