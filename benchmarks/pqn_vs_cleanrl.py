@@ -47,6 +47,21 @@ PORT = [
      '                for i in infos["final_info"]["_episode"].nonzero()[0]:\n'
      '                    info = {"episode": {k: infos["final_info"]["episode"][k][i] for k in ("r", "l")}}\n'),
 ]
+# pqn_atari_envpool.py imports gym 0.x (not installed with gymnasium 1.x): envpool's gymnasium API, and its wrapper
+# given the vector's spaces (gymnasium 1.x wrappers forward no other attributes); the loop and its arithmetic unchanged
+PORT_ATARI = [
+    ("import gym\n", "import gymnasium as gym\n"),
+    ('env_type="gym",', 'env_type="gymnasium",'),
+    # the gymnasium vector has these, read-only
+    ("    envs.num_envs = args.num_envs\n    envs.single_action_space = envs.action_space\n"
+     "    envs.single_observation_space = envs.observation_space\n", ""),
+    ("        observations = super().reset(**kwargs)\n", "        observations, _ = super().reset(**kwargs)\n"),
+    ("        observations, rewards, dones, infos = super().step(action)\n",
+     "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
+     "        dones = np.logical_or(terminations, truncations)\n"),
+    ("    envs = RecordEpisodeStatistics(envs)\n",
+     "    envs = RecordEpisodeStatistics(envs)\n    envs.single_action_space, envs.single_observation_space = envs.action_space, envs.observation_space\n"),
+]
 
 
 # ============================================================================ CleanRL's loop, for the lockstep trace
@@ -240,11 +255,10 @@ def cleanrl_script(folder: str, atari: bool, repo: str) -> str:
     name = "pqn_atari_envpool.py" if atari else "pqn.py"
     git = ["git", "-C", repo, "show", f"HEAD:cleanrl/{name}"]
     text = subprocess.run(git, check=True, capture_output=True, text=True).stdout
-    if not atari:
-        for old, new in PORT:
-            if old not in text:
-                raise SystemExit(f"{name}: the text to port was not found (has CleanRL's file changed?):\n{old}")
-            text = text.replace(old, new)
+    for old, new in PORT_ATARI if atari else PORT:
+        if old not in text:
+            raise SystemExit(f"{name}: the text to port was not found (has CleanRL's file changed?):\n{old}")
+        text = text.replace(old, new)
     path = os.path.join(folder, name)
     with open(path, "w") as f:
         f.write(text)
@@ -260,6 +274,8 @@ def run_side(side: str, env_id: str, steps: int, seed: int, out: str, cpus: str,
         if proc.returncode:
             raise SystemExit(proc.stderr[-3000:])
         return float(SPS_LINE.findall(proc.stdout)[-1]), proc.stdout
+    if env_id.endswith("-v5"):  # EnvPool's Breakout-v5 (CleanRL's id) is fleetrl's BreakoutNoFrameskip-v4: no sticky actions
+        env_id = env_id.split("-v")[0] + "NoFrameskip-v4"
     run_dir = os.path.join(out, "runs", f"{env_id}__pqn__{seed}__{int(time.time() * 1000)}")
     cmd = [os.path.join(ROOT, ".venv", "bin", "fleetrl"), "train", "pqn", "--env-id", env_id, "--total-timesteps", str(steps),
            "--seed", str(seed), "--no-cuda", "--no-progress", "--torch-threads", "1", "--run-dir", run_dir, *extra]
@@ -268,7 +284,7 @@ def run_side(side: str, env_id: str, steps: int, seed: int, out: str, cpus: str,
         raise SystemExit(proc.stderr[-3000:])
     from fleetrl.monitor.tbread import read_scalars
 
-    return float(read_scalars(run_dir)["charts/SPS"][-1][1]), proc.stdout
+    return float(read_scalars(run_dir, "charts/SPS")[-1].value), proc.stdout
 
 
 def speed(opts: argparse.Namespace) -> None:
