@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -265,26 +266,33 @@ def cleanrl_script(folder: str, atari: bool, repo: str) -> str:
     return path
 
 
-def run_side(side: str, env_id: str, steps: int, seed: int, out: str, cpus: str, script: str, extra: list[str]) -> tuple[float, str]:
-    """One run: (SPS, its output). CleanRL's SPS is its last printed line; fleetrl's, its last charts/SPS."""
+def timed(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``cmd``; with the CPU seconds (user + system) it and its children took."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-3000:])
+    return proc, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def run_side(side: str, env_id: str, steps: int, seed: int, out: str, cpus: str, script: str, extra: list[str]) -> tuple[float, float]:
+    """One run: (SPS in the loop, steps per CPU second, start-up included). CleanRL's SPS is its last printed line;
+    fleetrl's, its last charts/SPS (the same measure: steps since the loop started over the seconds since)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     if side == "cleanrl":
         cmd = [sys.executable, script, "--env-id", env_id, "--total-timesteps", str(steps), "--seed", str(seed), "--no-cuda", *extra]
-        proc = subprocess.run(["taskset", "-c", cpus, *cmd], cwd=out, env=env, capture_output=True, text=True)
-        if proc.returncode:
-            raise SystemExit(proc.stderr[-3000:])
-        return float(SPS_LINE.findall(proc.stdout)[-1]), proc.stdout
+        proc, cpu = timed(["taskset", "-c", cpus, *cmd], cwd=out, env=env)
+        return float(SPS_LINE.findall(proc.stdout)[-1]), steps / cpu
     if env_id.endswith("-v5"):  # EnvPool's Breakout-v5 (CleanRL's id) is fleetrl's BreakoutNoFrameskip-v4: no sticky actions
         env_id = env_id.split("-v")[0] + "NoFrameskip-v4"
     run_dir = os.path.join(out, "runs", f"{env_id}__pqn__{seed}__{int(time.time() * 1000)}")
     cmd = [os.path.join(ROOT, ".venv", "bin", "fleetrl"), "train", "pqn", "--env-id", env_id, "--total-timesteps", str(steps),
            "--seed", str(seed), "--no-cuda", "--no-progress", "--torch-threads", "1", "--run-dir", run_dir, *extra]
-    proc = subprocess.run(["taskset", "-c", cpus, *cmd], env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-3000:])
+    proc, cpu = timed(["taskset", "-c", cpus, *cmd], env=env)
     from fleetrl.monitor.tbread import read_scalars
 
-    return float(read_scalars(run_dir, "charts/SPS")[-1].value), proc.stdout
+    return float(read_scalars(run_dir, "charts/SPS")[-1].value), steps / cpu
 
 
 def speed(opts: argparse.Namespace) -> None:
@@ -292,18 +300,24 @@ def speed(opts: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as out:
         script = cleanrl_script(out, atari, opts.cleanrl)
         sps: dict[str, list[float]] = {"cleanrl": [], "fleetrl": []}
+        per_cpu: dict[str, list[float]] = {"cleanrl": [], "fleetrl": []}
         for repeat in range(opts.repeats):
             for side in (("cleanrl", "fleetrl") if repeat % 2 == 0 else ("fleetrl", "cleanrl")):  # alternating
-                value, _ = run_side(side, opts.env_id, opts.steps, 1, out, opts.cpus, script, opts.fleetrl_flags.split() if side == "fleetrl" else [])
+                flags = opts.fleetrl_flags.split() if side == "fleetrl" else []
+                value, cpu = run_side(side, opts.env_id, opts.steps, 1, out, opts.cpus, script, flags)
                 sps[side].append(value)
-                print(f"  {side} run {repeat + 1}: {value:,.0f} SPS", flush=True)
+                per_cpu[side].append(cpu)
+                print(f"  {side} run {repeat + 1}: {value:,.0f} SPS, {cpu:,.0f} steps per CPU second", flush=True)
     median = {side: float(np.median(v)) for side, v in sps.items()}
+    cpu_median = {side: float(np.median(v)) for side, v in per_cpu.items()}
     print(f"\nspeed: {opts.env_id}, {opts.steps:,} steps, CleanRL's defaults, medians of {opts.repeats}, alternating, taskset -c {opts.cpus}, "
-          f"one torch thread\n")
-    print("| side | SPS (median) | all runs | ratio |\n| --- | --- | --- | --- |")
+          f"one torch thread, fleetrl flags: {opts.fleetrl_flags or '(none)'}\n")
+    print("| side | SPS in the loop (median) | all runs | vs CleanRL | steps per CPU second, start-up included (median) | vs CleanRL |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for side in ("cleanrl", "fleetrl"):
         runs = ", ".join(f"{v:,.0f}" for v in sps[side])
-        print(f"| {side} | {median[side]:,.0f} | {runs} | {median[side] / median['cleanrl']:.2f}x |")
+        print(f"| {side} | {median[side]:,.0f} | {runs} | {median[side] / median['cleanrl']:.2f}x | {cpu_median[side]:,.0f} | "
+              f"{cpu_median[side] / cpu_median['cleanrl']:.2f}x |")
 
 
 def learn(opts: argparse.Namespace) -> None:

@@ -83,20 +83,19 @@ FAMILY_DEFAULTS = {  # CleanRL's pqn.py and pqn_atari_envpool.py; PQN has no net
     "atari": dict(total_timesteps=10_000_000, num_envs=8, end_e=0.01, exploration_fraction=0.1, frame_stack=4),
 }
 
-# what each numeric flag accepts (after the family defaults are filled), checked before anything starts
-RANGES = {
+RANGES = {  # what each numeric flag accepts once the family defaults are in, checked before anything starts
     **ONPOLICY_RANGES,
+    "q_lambda": config.fraction("the lambda of the Q(lambda) returns (0: one-step Q-learning targets, 1: Monte Carlo "
+                                "returns bootstrapped at the rollout's end)"),
+    "gamma": config.fraction("the discount factor"),
     "learning_rate": config.positive("the optimizer's step size", config.COEF_MAX),
     "num_steps": config.count("steps each env takes per rollout"),
     "num_minibatches": config.count("minibatches each batch is split into"),
     "update_epochs": config.count("passes over each batch"),
-    "gamma": config.fraction("the discount factor"),
     "start_e": config.fraction("the exploration probability at the start"),
     "end_e": config.fraction("the exploration probability at the end of the schedule"),
     "exploration_fraction": config.Range("the share of --total-timesteps over which epsilon falls", low=0, low_open=True, high=1),
     "max_grad_norm": config.positive("the gradient norm clipping threshold", config.COEF_MAX),
-    "q_lambda": config.fraction("the lambda of the Q(lambda) returns (0: one-step Q-learning targets, 1: Monte Carlo "
-                                "returns bootstrapped at the rollout's end)"),
 }
 
 
