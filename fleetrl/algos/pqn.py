@@ -227,6 +227,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                              run.local_num_envs * args.num_steps // args.num_minibatches, dist, verbose=dist.is_main,
                              saved=run.remembered("accel"))
         run.remember(accel=accel.state())
+        loss_fn = accel.compiled(td_loss, q_network, dist)  # torch.compile with --compile (eager if it fails), else td_loss
         optimizer = torch.optim.RAdam(q_network.parameters(), lr=args.learning_rate)
         grad_sync = dist.gradient_sync(q_network.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=q_network, optimizer=optimizer)
@@ -264,7 +265,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                 batch = {k: flat[k].to(device) for k in ("obs", "actions", "returns")}
                 for epoch in range(args.update_epochs):
                     for mb in minibatches(batch, args.num_steps, args.num_minibatches):  # this rank's share, shuffled
-                        loss, old_val = td_loss(q_network, mb)
+                        loss, old_val = loss_fn(q_network, mb)
                         optimizer.zero_grad()
                         grad_sync.backward(loss)  # under torchrun, gradients are averaged over ranks as backward goes
                         grad_sync.finish()
