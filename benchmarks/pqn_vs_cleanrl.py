@@ -5,6 +5,7 @@ learning runs for `fleetrl compare`.
     python benchmarks/pqn_vs_cleanrl.py --speed --steps 50000 --repeats 3  # CartPole, alternating, medians of 3
     python benchmarks/pqn_vs_cleanrl.py --speed --env-id Breakout-v5 --steps 4096 --repeats 3  # vs pqn_atari_envpool.py
     python benchmarks/pqn_vs_cleanrl.py --learn --env-id Acrobot-v1 --seeds 1-3 --out /tmp/pqn_learn
+    python benchmarks/pqn_vs_cleanrl.py --report --env-id Acrobot-v1 --out /tmp/pqn_learn   # last-20 means per seed
     fleetrl compare /tmp/pqn_learn/Acrobot-v1/fleetrl /tmp/pqn_learn/Acrobot-v1/cleanrl --labels fleetrl cleanrl \
         --score-bounds Acrobot-v1=-500,0
 
@@ -334,11 +335,34 @@ def learn(opts: argparse.Namespace) -> None:
             print(f"{opts.env_id} {side} seed {seed}: {value:,.0f} SPS, {time.time() - started:.0f} s", flush=True)
 
 
+def report(opts: argparse.Namespace) -> None:
+    """The mean return of the last 20 episodes of each finished run under OUT/ENV/SIDE/runs (the issue's measure)."""
+    from fleetrl.monitor.tbread import read_scalars
+
+    scores: dict[str, dict[int, float]] = {}
+    for side in ("cleanrl", "fleetrl"):
+        folder = os.path.join(opts.out, opts.env_id, side, "runs")
+        for run in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            returns = [p.value for p in read_scalars(os.path.join(folder, run), "charts/episodic_return")]
+            steps = [p.step for p in read_scalars(os.path.join(folder, run), "charts/SPS")]
+            if returns and steps and steps[-1] >= opts.steps - 1024:  # finished runs only
+                scores.setdefault(side, {})[int(run.split("__")[2])] = float(np.mean(returns[-20:]))
+    seeds = sorted(set().union(*[set(v) for v in scores.values()]) if scores else set())
+    print(f"{opts.env_id}, {opts.steps:,} steps: mean return of the last 20 episodes\n")
+    print("| side | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± std |")
+    print("| --- |" + " --- |" * (len(seeds) + 1))
+    for side, by_seed in scores.items():
+        values = [by_seed[s] for s in seeds if s in by_seed]
+        cells = " | ".join(f"{by_seed[s]:.1f}" if s in by_seed else "-" for s in seeds)
+        print(f"| {side} | {cells} | {np.mean(values):.1f} ± {np.std(values):.1f} ({len(values)} runs) |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lockstep", action="store_true")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--learn", action="store_true")
+    parser.add_argument("--report", action="store_true", help="the learning runs' table, from --out")
     parser.add_argument("--env-id", default="CartPole-v1")
     parser.add_argument("--steps", type=int, default=None, help="[lockstep 4096, speed 50,000, learn 500,000]")
     parser.add_argument("--seed", type=int, default=1)
@@ -358,9 +382,9 @@ def main() -> None:
     elif opts.speed:
         opts.steps = opts.steps or 50_000
         speed(opts)
-    elif opts.learn:
+    elif opts.learn or opts.report:
         opts.steps = opts.steps or 500_000
-        learn(opts)
+        (learn if opts.learn else report)(opts)
     else:
         parser.print_help()
 
