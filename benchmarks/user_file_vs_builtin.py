@@ -4,8 +4,9 @@
     python benchmarks/user_file_vs_builtin.py [--repeats 3] [--cartpole-steps 200000] [--breakout-steps 40000]
 
 Side by side, alternating, medians of the repeats. SPS is the run's own `charts/SPS` at its end (CleanRL's: global steps
-over wall seconds since the start of training, so the start of the process is left out alike for both). Target
-(issue 34): the user's file ≥ 0.97x the built-in's SPS on each env.
+over wall seconds since the start of training, so the start of the process is left out alike for both). On a shared
+machine wall time swings with the other jobs; steps per CPU second (the run's whole process tree, its start included)
+do not, so both are shown. Target (issue 34): the user's file ≥ 0.97x the built-in's SPS on each env.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,12 +26,17 @@ from fleetrl.tools.new import template
 
 
 
-def sps_of(command: list[str], run_dir: Path, cwd: Path) -> float:
+def sps_of(command: list[str], run_dir: Path, cwd: Path) -> tuple[float, float]:
+    """The run's own SPS (wall) and its steps per CPU second (user + system time of it and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([*command, "--run-dir", str(run_dir), "--no-progress", "--checkpoint-every", "1000000"], cwd=cwd,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
-    return read_scalars(run_dir, "charts/SPS")[-1][1]
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    steps = int(command[command.index("--total-timesteps") + 1])
+    return read_scalars(run_dir, "charts/SPS")[-1][1], steps / cpu
 
 
 def main() -> None:
@@ -47,23 +54,29 @@ def main() -> None:
         contenders = {"fleetrl train ppo": [*fleetrl, "ppo"], "fleetrl train ./my_ppo.py": [*fleetrl, "./my_ppo.py"]}
         for env_id, total in steps.items():
             sps: dict[str, list[float]] = {name: [] for name in contenders}
+            per_cpu: dict[str, list[float]] = {name: [] for name in contenders}
             for repeat in range(opts.repeats):
                 order = list(contenders) if repeat % 2 == 0 else list(reversed(contenders))  # alternate who goes first
                 for name in order:
                     run_dir = folder / f"{env_id}-{len(sps[name])}-{name.split()[-1].strip('./')}"
-                    sps[name].append(sps_of([*contenders[name], "--env-id", env_id, "--total-timesteps", str(total)], run_dir, folder))
-                    print(f"{env_id} {name}: {sps[name][-1]:,.0f} SPS", file=sys.stderr, flush=True)
+                    wall, cpu = sps_of([*contenders[name], "--env-id", env_id, "--total-timesteps", str(total)], run_dir, folder)
+                    sps[name].append(wall)
+                    per_cpu[name].append(cpu)
+                    print(f"{env_id} {name}: {wall:,.0f} SPS, {cpu:,.0f} steps per CPU second", file=sys.stderr, flush=True)
             builtin = statistics.median(sps["fleetrl train ppo"])
+            builtin_cpu = statistics.median(per_cpu["fleetrl train ppo"])
             for name, values in sps.items():
-                rows.append((env_id, total, name, values, statistics.median(values) / builtin))
+                rows.append((env_id, total, name, values, statistics.median(values) / builtin, statistics.median(per_cpu[name]),
+                             statistics.median(per_cpu[name]) / builtin_cpu))
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
                platform.processor())
     print(f"\nA user's file against the built-in: PPO with each env family's defaults, {opts.repeats} repeats alternating, "
           f"medians; {cpu}, {os.cpu_count()} CPU cores\n")
-    print("| env | steps | command | SPS (median) | SPS (each repeat) | vs built-in |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for env_id, total, name, values, ratio in rows:
-        print(f"| {env_id} | {total:,} | `{name}` | {statistics.median(values):,.0f} | {', '.join(f'{v:,.0f}' for v in values)} | {ratio:.3f}x |")
+    print("| env | steps | command | SPS (median) | SPS (each repeat) | vs built-in | steps per CPU s (median) | vs built-in |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for env_id, total, name, values, ratio, cpu, cpu_ratio in rows:
+        print(f"| {env_id} | {total:,} | `{name}` | {statistics.median(values):,.0f} | {', '.join(f'{v:,.0f}' for v in values)} | "
+              f"{ratio:.3f}x | {cpu:,.0f} | {cpu_ratio:.3f}x |")
 
 
 if __name__ == "__main__":
