@@ -28,7 +28,7 @@ class NewArgs:
     name: tyro.conf.Positional[str]
     """the new algorithm's name, or its file: my_ppo writes ./my_ppo.py; experiments/my_ppo.py writes there"""
     from_algo: Annotated[str, tyro.conf.arg(name="from")] = "ppo"
-    """the built-in algorithm to copy: ppo, ppo_lstm, dqn, sac or td3"""
+    """the built-in algorithm to copy (`fleetrl --help` lists them)"""
     force: bool = False
     """overwrite the file if it exists"""
 
