@@ -93,10 +93,10 @@ class Run:
     algorithm_command: ClassVar[str | None] = None
 
     @classmethod
-    def trains(cls, algorithm_file: dict[str, str], command: str) -> None:
+    def trains(cls, algorithm_file: dict[str, str] | None, command: str | None) -> None:
         """Say which algorithm file this process trains: its checkpoints record it (``fleetrl eval`` rebuilds the policy
-        with that code) and its messages name ``command`` to continue it."""
-        cls.algorithm_file, cls.algorithm_command = dict(algorithm_file), command
+        with that code) and its messages name ``command`` to continue it; None, None when it is done."""
+        cls.algorithm_file, cls.algorithm_command = (dict(algorithm_file) if algorithm_file else None), command
 
     @classmethod
     def command_for(cls, algo: str) -> str:

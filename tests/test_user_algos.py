@@ -317,3 +317,15 @@ def test_sigterm_stops_a_users_file_that_names_itself_to_resume_and_the_resume_i
     resumed = python(*train, "--run-dir", "stopped", "--resume", "auto", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_learner(saved(tmp_path / "whole"), saved(tmp_path / "stopped"))
+
+
+def test_the_algorithm_a_command_trains_is_forgotten_when_it_ends(tmp_path):
+    """`fleetrl train` run in this process records its file for its checkpoints only: a train() called after it here
+    (a test, a notebook) must not record another algorithm's file."""
+    from conftest import run_fleetrl_in_process
+    from fleetrl.run import Run
+
+    proc = run_fleetrl_in_process("train", "ppo", *train_flags("ppo", 128, tmp_path / "run"), "--num-steps", "64")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert saved(tmp_path / "run")["algo_file"]["module"] == "fleetrl.algos.ppo"
+    assert Run.algorithm_file is None and Run.algorithm_command is None

@@ -195,7 +195,10 @@ def _train(module: ModuleType, source: AlgoSource, argv: list[str], prog: str) -
 
     args = tyro.cli(module.Args, args=argv, prog=prog)
     Run.trains(source.record(), source.command)  # checkpoints record the code, for eval
-    module.train(args, explicit=config.explicit_fields(argv, module.Args))
+    try:
+        module.train(args, explicit=config.explicit_fields(argv, module.Args))
+    finally:  # a later train() called in this process (a test, a notebook) is not this file's
+        Run.trains(None, None)
 
 
 # ---- evaluation: which code rebuilds a checkpoint's policy ----------------------------------------------------------
