@@ -117,8 +117,14 @@ def test_a_cluster_is_removed_entirely_even_with_jobs_running_and_its_block_fail
             job = cluster.submit(_script(tmp_path, "sleep 600"), cwd=tmp_path)
             cluster.wait_for_job(job, ["RUNNING"], timeout=30)
             on_node = subprocess.Popen(cluster.on_node("node1", ["sleep", "600"]), start_new_session=True)
-            # munged and slurmctld here; on the node: slurmd, slurmstepd, the job's shell and sleep, the sleep run there
-            procs = [psutil.Process(pid) for pid in cluster.pids.values()] + minicluster_host.processes_in_netns(cluster.nodes[0].netns)
+            # munged and slurmctld here; on the node: slurmd, slurmstepd, the job's shell and sleep, the sleep run there.
+            # `ip netns exec` enters the namespace a moment after Popen returns, so wait for all seven (CI once saw six)
+            deadline = time.monotonic() + 20
+            while True:
+                procs = [psutil.Process(pid) for pid in cluster.pids.values()] + minicluster_host.processes_in_netns(cluster.nodes[0].netns)
+                if len(procs) >= 7 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             assert len(procs) >= 7, procs
             raise RuntimeError("the test's own failure")
     on_node.wait(timeout=10)
