@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -52,6 +53,24 @@ def network_input(obs: np.ndarray) -> np.ndarray:
     return obs if obs.dtype == np.uint8 and obs.ndim == 4 else obs.astype(np.float32, copy=False)
 
 
+def nature_convs(in_channels: int, size: int = 84, orthogonal: bool = True) -> tuple[nn.Sequential, int]:
+    """The Nature CNN's three ReLU convolutions and the flatten (no scaling: the caller divides uint8 frames by 255),
+    and the width of their output (3136 for 84x84 frames). Rainbow's dueling heads start here; NatureCNN adds a layer."""
+    gain = math.sqrt(2)
+    convs = nn.Sequential(
+        _initialised(nn.Conv2d(in_channels, 32, 8, stride=4), gain, orthogonal),
+        nn.ReLU(),
+        _initialised(nn.Conv2d(32, 64, 4, stride=2), gain, orthogonal),
+        nn.ReLU(),
+        _initialised(nn.Conv2d(64, 64, 3, stride=1), gain, orthogonal),
+        nn.ReLU(),
+        nn.Flatten(),
+    )
+    with torch.no_grad():
+        flat = convs(torch.zeros(1, in_channels, size, size)).shape[1]
+    return convs, flat
+
+
 class NatureCNN(nn.Module):
     """The DQN Nature CNN over stacked uint8 frames, ending in 512 ReLU features. ``orthogonal``: CleanRL's PPO
     initialisation (√2 gain); else PyTorch's default, as CleanRL's dqn_atari.py."""
@@ -60,19 +79,8 @@ class NatureCNN(nn.Module):
 
     def __init__(self, in_channels: int, size: int = 84, orthogonal: bool = True):
         super().__init__()
-        gain = math.sqrt(2)
-        convs = nn.Sequential(
-            _initialised(nn.Conv2d(in_channels, 32, 8, stride=4), gain, orthogonal),
-            nn.ReLU(),
-            _initialised(nn.Conv2d(32, 64, 4, stride=2), gain, orthogonal),
-            nn.ReLU(),
-            _initialised(nn.Conv2d(64, 64, 3, stride=1), gain, orthogonal),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            flat = convs(torch.zeros(1, in_channels, size, size)).shape[1]
-        self.net = nn.Sequential(convs, _initialised(nn.Linear(flat, self.out_dim), gain, orthogonal), nn.ReLU())
+        convs, flat = nature_convs(in_channels, size, orthogonal)
+        self.net = nn.Sequential(convs, _initialised(nn.Linear(flat, self.out_dim), math.sqrt(2), orthogonal), nn.ReLU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.float() / 255.0)
@@ -168,15 +176,17 @@ def categorical_q_values(logits: torch.Tensor, atoms: torch.Tensor) -> tuple[tor
     return pmfs, (pmfs * atoms).sum(2)
 
 
-def categorical_projection(next_pmfs: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor, gamma: float,
+def categorical_projection(next_pmfs: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor, gamma: float | torch.Tensor,
                            atoms: torch.Tensor) -> torch.Tensor:
     """The C51 target: the distribution of ``rewards + gamma * Z'`` (``Z'``: ``next_pmfs`` ``(B, n_atoms)`` over
     ``atoms``; 0 after a terminal, ``dones`` 1) projected back onto ``atoms``, each shifted atom's mass split between
     its two neighbours. CleanRL's c51.py arithmetic, operation for operation (so the same inputs give the same bits),
     with its loop over the batch's rows (two ``index_add_`` each) made one ``index_add_`` over the flattened batch: each
-    row's cells receive the same additions in the same order. ``gamma``: gamma ** n for n-step returns (Rainbow)."""
+    row's cells receive the same additions in the same order. ``gamma``: a number, or each transition's ``(B,)``
+    discount (Rainbow's n-step ``gamma ** k``: CleanRL's ``gamma ** n`` multiplies in float32 too, so the same bits)."""
     n_atoms, v_min, v_max = len(atoms), float(atoms[0]), float(atoms[-1])
-    next_atoms = rewards.unsqueeze(1) + gamma * atoms * (1 - dones.unsqueeze(1))
+    discount = gamma.unsqueeze(1) if isinstance(gamma, torch.Tensor) else gamma
+    next_atoms = rewards.unsqueeze(1) + discount * atoms * (1 - dones.unsqueeze(1))
     delta_z = atoms[1] - atoms[0]
     tz = next_atoms.clamp(v_min, v_max)
     b = (tz - v_min) / delta_z
@@ -190,6 +200,67 @@ def categorical_projection(next_pmfs: torch.Tensor, rewards: torch.Tensor, dones
     target_pmfs.view(-1).index_add_(0, (lower.long() + offset).view(-1), d_m_l.view(-1))
     target_pmfs.view(-1).index_add_(0, (upper.long() + offset).view(-1), d_m_u.view(-1))
     return target_pmfs
+
+
+# --- Rainbow's noisy dueling head (CleanRL's rainbow_atari.py) ------------------------------------------------------
+
+
+class NoisyLinear(nn.Module):
+    """A linear layer with learned Gaussian noise on its weights and biases (NoisyNet, Fortunato et al. 2018), which
+    explores in place of epsilon-greedy. CleanRL's: independent noise for each weight (``std_init / sqrt(fan_in)``),
+    drawn anew by :meth:`reset_noise` from torch's RNG, which the algorithm calls before each update; made in CleanRL's
+    order, so a seed gives its weights and noise. In eval mode it is the mean layer: evaluation plays without noise."""
+
+    def __init__(self, in_features: int, out_features: int, std_init: float = 0.5):
+        super().__init__()
+        self.in_features, self.out_features, self.std_init = in_features, out_features, std_init
+        self.weight_mu = nn.Parameter(torch.empty(out_features, in_features))
+        self.weight_sigma = nn.Parameter(torch.empty(out_features, in_features))
+        self.register_buffer("weight_epsilon", torch.empty(out_features, in_features))
+        self.bias_mu = nn.Parameter(torch.empty(out_features))
+        self.bias_sigma = nn.Parameter(torch.empty(out_features))
+        self.register_buffer("bias_epsilon", torch.empty(out_features))
+        self.reset_parameters()
+        self.reset_noise()
+
+    def reset_parameters(self) -> None:
+        mu_range = 1 / math.sqrt(self.in_features)
+        self.weight_mu.data.uniform_(-mu_range, mu_range)
+        self.weight_sigma.data.fill_(self.std_init / math.sqrt(self.in_features))
+        self.bias_mu.data.uniform_(-mu_range, mu_range)
+        self.bias_sigma.data.fill_(self.std_init / math.sqrt(self.out_features))
+
+    def reset_noise(self) -> None:
+        self.weight_epsilon.normal_()
+        self.bias_epsilon.normal_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            return F.linear(x, self.weight_mu + self.weight_sigma * self.weight_epsilon, self.bias_mu + self.bias_sigma * self.bias_epsilon)
+        return F.linear(x, self.weight_mu, self.bias_mu)
+
+
+class NoisyDuelingHead(nn.Module):
+    """Rainbow's distributional dueling head: a value stream and an advantage stream, each NoisyLinear, ReLU,
+    NoisyLinear, giving per-atom logits ``value + advantage - mean advantage``, ``(B, num_actions, n_atoms)``
+    (:func:`categorical_q_values` turns them into probabilities and Q-values). CleanRL's layers, in its order."""
+
+    def __init__(self, in_dim: int, hidden: int, num_actions: int, n_atoms: int):
+        super().__init__()
+        self.num_actions, self.n_atoms = num_actions, n_atoms
+        self.value_head = nn.Sequential(NoisyLinear(in_dim, hidden), nn.ReLU(), NoisyLinear(hidden, n_atoms))
+        self.advantage_head = nn.Sequential(NoisyLinear(in_dim, hidden), nn.ReLU(), NoisyLinear(hidden, n_atoms * num_actions))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        value = self.value_head(h).view(-1, 1, self.n_atoms)
+        advantage = self.advantage_head(h).view(-1, self.num_actions, self.n_atoms)
+        return value + advantage - advantage.mean(dim=1, keepdim=True)
+
+    def reset_noise(self) -> None:
+        """New noise for every noisy layer, the value stream's first (CleanRL's order of draws)."""
+        for layer in self.modules():
+            if isinstance(layer, NoisyLinear):
+                layer.reset_noise()
 
 
 # --- PQN's Q-networks: LayerNorm after every hidden layer (CleanRL's pqn.py, pqn_atari_envpool.py) -----------------

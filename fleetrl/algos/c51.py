@@ -74,6 +74,11 @@ def validate(args: Args, world_size: int = 1) -> None:
     """Refuse a configuration that cannot run, before anything starts: DQN's checks, and atoms that span no returns."""
     validate_offpolicy(args, world_size, RANGES)
     check_policy_lag(args.policy_lag, world_size, "c51")
+    check_atoms(args)
+
+
+def check_atoms(args: Args) -> None:
+    """Refuse atoms that span no returns (C51, Rainbow)."""
     if args.v_min >= args.v_max:
         raise FleetError(f"--v-min {args.v_min:g} is not below --v-max {args.v_max:g}: the {args.n_atoms} atoms of C51's return "
                          f"distribution are spread evenly from --v-min up to --v-max, so --v-min must be the lower. Give bounds that "

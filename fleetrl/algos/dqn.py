@@ -166,11 +166,14 @@ def make_q_network(args: Args, obs_shape: tuple[int, ...], num_actions: int) -> 
 # ============================================================================ training
 def train(args: Args, explicit: set[str] | None = None, algo="dqn", family_defaults: dict = FAMILY_DEFAULTS,
           validate: Callable[..., None] = validate, make_q_network: Callable[..., nn.Module] = make_q_network,
-          loss_fn: Callable[..., tuple] = td_loss, adam_eps: float | Callable[[Args], float] = 1e-8) -> TrainResult:
+          loss_fn: Callable[..., tuple] = td_loss, adam_eps: float | Callable[[Args], float] = 1e-8,
+          replay_options: Callable[[Args], dict] = lambda args: {}) -> TrainResult:
     """Train DQN, in one process or under torchrun. ``explicit``: the flags given on the command line (they win over
-    a resumed run's saved arguments). A variant (C51) passes the pieces it changes: its name, its flags' defaults and
-    checks, ``make_q_network(args, obs_shape, num_actions)``, ``loss_fn(q_network, target_network, batch, args) ->
-    (loss, scalars)`` and Adam's ``adam_eps`` (a number, or a function of the args)."""
+    a resumed run's saved arguments). A variant (C51, Rainbow) passes the pieces it changes: its name, its flags'
+    defaults and checks, ``make_q_network(args, obs_shape, num_actions)``, ``loss_fn(q_network, target_network, batch,
+    args) -> (loss, scalars)``, Adam's ``adam_eps`` (a number, or a function of the args) and ``replay_options(args)``,
+    make_replay's keywords (Rainbow's n-step and prioritised replay; a prioritised loss returns each sample's new
+    priority as the scalar ``priorities``)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
     with Run.start(args, explicit, family_defaults, validate, algo=algo, lag_worker="learner process") as run:
@@ -188,7 +191,7 @@ def train(args: Args, explicit: set[str] | None = None, algo="dqn", family_defau
         q_values_of = q_network.q_values_on_host(device)  # numpy -> numpy; small MLPs on the CPU act in numpy
         target_network = make_q_network(args, obs_shape, num_actions).to(device)
         target_network.load_state_dict(q_network.state_dict())
-        rb = offpolicy.make_replay(run, envs)  # this rank's shard, its memory checked against what is free
+        rb = offpolicy.make_replay(run, envs, **replay_options(args))  # this rank's shard, its memory checked against what is free
         run.register(q_network=q_network, target_network=target_network, optimizer=optimizer)
 
         def td_update(data: ReplayBatch) -> dict[str, torch.Tensor]:  # one gradient step on a sampled batch
@@ -215,26 +218,35 @@ def train(args: Args, explicit: set[str] | None = None, algo="dqn", family_defau
                 # global_step counts the env steps taken before this one (all envs of all ranks), as CleanRL's loop variable
                 epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
                 with log.timer.inference:
-                    draws = np.random.random((2, num_envs))  # one call: 0.6 us against 1.8 for randint + random (benchmarks/micro_costs.py)
-                    explore, actions = draws[0] < epsilon, (draws[1] * num_actions).astype(np.int64)
-                    if not explore.all():
-                        actions = np.where(explore, actions, q_values_of(obs).argmax(axis=1))
+                    if epsilon > 0:
+                        draws = np.random.random((2, num_envs))  # one call: 0.6 us against 1.8 for randint + random (benchmarks/micro_costs.py)
+                        explore, actions = draws[0] < epsilon, (draws[1] * num_actions).astype(np.int64)
+                        if not explore.all():
+                            actions = np.where(explore, actions, q_values_of(obs).argmax(axis=1))
+                    else:  # greedy, no draws (Rainbow: its noisy layers explore)
+                        actions = q_values_of(obs).argmax(axis=1)
 
                 # TRY NOT TO MODIFY: execute the game, save the data to the replay buffer (the true next obs at a time limit)
                 obs = step_envs(envs, rb, obs, actions, global_step + args.num_envs, episodes, log.timer)  # logged at the steps done
 
                 # ALGO LOGIC: training
                 if global_step > learning_starts:
+                    if rb.priorities is not None:  # anneal PER beta to 1 over the run (CleanRL's rainbow_atari.py)
+                        rb.beta = min(1.0, rb.beta_start + global_step * (1.0 - rb.beta_start) / args.total_timesteps)
                     for _ in range(times_due(global_step, args.num_envs, args.train_frequency)):
                         with log.timer.learn:
-                            losses = learner(td_update, rb.sample(local_batch_size))
+                            data = rb.sample(local_batch_size)
+                            losses = learner(td_update, data)
+                            if data.indices is not None:  # prioritised replay: each sample's new priority, from its loss
+                                rb.update_priorities(data.indices, losses.pop("priorities"))
 
                     # update target network
                     if times_due(global_step, args.num_envs, args.target_network_frequency):
                         learner(update_target)
                 global_step += args.num_envs
 
-            run.end_iteration(iteration, global_step, episodes, losses=losses, charts={"epsilon": epsilon})
+            charts = {"epsilon": epsilon} if rb.priorities is None else {"beta": rb.beta}
+            run.end_iteration(iteration, global_step, episodes, losses=losses, charts=charts)
         return run.finish(q_network)
 
 

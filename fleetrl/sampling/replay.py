@@ -37,10 +37,10 @@ Rainbow's two options (issue 35), both off by default, when nothing changes, bit
 
 An algorithm makes such a buffer through :func:`fleetrl.offpolicy.make_replay`, and uses it in three lines::
 
-    rb = offpolicy.make_replay(run, envs, n_step=args.n_step, gamma=args.gamma,
-                               alpha=args.prioritized_replay_alpha, priority_eps=args.prioritized_replay_eps)
+    rb = offpolicy.make_replay(run, envs, n_step=args.n_step, gamma=args.gamma, alpha=args.prioritized_replay_alpha,
+                               beta=args.prioritized_replay_beta, priority_eps=args.prioritized_replay_eps)
     ...
-    rb.beta = min(1.0, args.prioritized_replay_beta + global_step * (1.0 - args.prioritized_replay_beta) / args.total_timesteps)
+    rb.beta = min(1.0, rb.beta_start + global_step * (1.0 - rb.beta_start) / args.total_timesteps)
     data = rb.sample(local_batch_size)          # a PrioritizedBatch: obs, actions, next_obs, rewards, dones,
                                                 # discounts (B,), weights (B,), indices (numpy, this rank's slots)
     loss = (loss_per_sample * data.weights).mean()
@@ -179,7 +179,7 @@ class ReplayBuffer:
 
     ``n_step`` (default 1) and ``gamma`` (required with ``n_step > 1``): sample n-step transitions; ``alpha`` (default
     None: uniform): prioritised replay with that exponent, ``beta`` the importance-sampling exponent of the next
-    :meth:`sample` (an attribute the caller anneals), ``priority_eps`` added to every ``|error|`` (see the module's
+    :meth:`sample` (an attribute the caller anneals from ``beta_start``), ``priority_eps`` added to every ``|error|`` (see the module's
     docstring).
     """
 
@@ -204,6 +204,7 @@ class ReplayBuffer:
         self.rewards = np.empty(slots, np.float32)
         self.dones = np.empty(slots, np.float32)
         self.n_step, self.gamma, self.beta = n_step, gamma, beta
+        self.beta_start = beta  # where an annealed beta starts (Rainbow anneals it to 1 over the run)
         self.priorities = Priorities(slots, alpha, priority_eps) if alpha is not None else None
         if n_step > 1:
             self.ends = np.empty(slots, bool)  # the episode's n-step returns stop after this slot (terminated, truncated or cut)

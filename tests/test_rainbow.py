@@ -1,0 +1,191 @@
+"""Rainbow: CleanRL's network and noise, its loop step for step (lockstep: actions, updates, sampled slots, importance
+weights, priorities, losses), CartPole learned, an exact resume after SIGTERM with eval on the mean weights, and bad
+input refused in one paragraph before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fleetrl import checkpoint
+from fleetrl.algos import rainbow
+from fleetrl.monitor.tbread import read_scalars
+from fleetrl.nets import NoisyLinear
+
+from conftest import fleetrl_env, run_fleetrl, run_fleetrl_in_process
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SHORT = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress", "--learning-starts", "1000", "--buffer-size", "2000"]
+
+
+@pytest.fixture(scope="module")
+def cleanrl_rainbow():
+    """CleanRL's rainbow_atari.py network classes, verbatim (benchmarks/cleanrl_rainbow.py)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import cleanrl_rainbow
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return cleanrl_rainbow
+
+
+# ------------------------------------------------------------------------------------------ the network
+@pytest.mark.parametrize("seed", [1, 7])
+def test_the_atari_network_is_cleanrls_weights_noise_and_outputs_bit_for_bit(cleanrl_rainbow, seed):
+    class Envs:  # what CleanRL's network reads of its envs
+        class single_action_space:
+            n = 6
+
+    torch.manual_seed(seed)
+    theirs = cleanrl_rainbow.NoisyDuelingDistributionalNetwork(Envs, 51, -10, 10)
+    torch.manual_seed(seed)
+    ours = rainbow.QNetwork((4, 84, 84), 6, 51, -10, 10)
+    mine, other = ours.state_dict(), theirs.state_dict()
+    assert torch.equal(mine.pop("atoms"), other.pop("support"))
+    assert len(mine) == len(other) == 30 and all(torch.equal(a, b) for a, b in zip(mine.values(), other.values()))
+    frames = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    for _ in range(2):  # the noise of construction, then each network's next draw from the same RNG state
+        with torch.no_grad():
+            q_values = torch.sum(theirs(frames.float()) * theirs.support, dim=2)  # CleanRL's acting
+            assert torch.equal(ours(frames), q_values)
+        state = torch.get_rng_state()
+        theirs.reset_noise()
+        torch.set_rng_state(state)
+        ours.reset_noise()
+
+
+def test_noisy_layers_act_through_their_noise_in_training_and_through_the_mean_in_eval():
+    torch.manual_seed(0)
+    layer = NoisyLinear(5, 3)
+    x = torch.randn(4, 5)
+    noisy = layer(x)
+    layer.reset_noise()
+    assert not torch.equal(layer(x), noisy), "new noise, new outputs"
+    layer.eval()
+    torch.testing.assert_close(layer(x), x @ layer.weight_mu.T + layer.bias_mu)
+    q_network = rainbow.QNetwork((4,), 2)
+    obs = torch.randn(256, 4)
+    q_network.eval()
+    greedy = q_network.act(obs, deterministic=True)
+    assert torch.equal(greedy, q_network.act(obs, deterministic=True)), "the mean weights: the same actions every call"
+    assert not q_network.head.training, "stochastic acting leaves the network in eval mode"
+    draws = [q_network.act(obs, deterministic=False) for _ in range(5)]
+    assert any(not torch.equal(d, greedy) for d in draws), "fresh noise changes some actions"
+
+
+# ------------------------------------------------------------------------------------------ CleanRL's loop, step for step
+def test_fleetrls_loop_and_cleanrls_rainbow_take_the_same_actions_samples_priorities_and_losses_bit_for_bit(monkeypatch):
+    # benchmarks/rainbow_vs_cleanrl.py --lockstep, short: CleanRL's rainbow_atari.py loop (its classes verbatim, an MLP
+    # trunk for the CNN, float32 observations in its buffer, fused Adam) on an env whose episodes never end
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import rainbow_vs_cleanrl as lockstep
+
+    steps, starts = 1_600, 300
+    ours = lockstep.fleetrl_trace(seed=3, steps=steps, learning_starts=starts)
+    theirs = lockstep.Trace()
+    lockstep.plain_rainbow("EndlessWalk-v0", steps, starts, seed=3, trace=theirs)
+    verdict = lockstep.compare(ours, theirs)
+    assert all(v.startswith("identical") for v in verdict.values()), verdict
+    assert ours.update_steps == [g for g in range(steps) if g > starts and g % 10 == 0]
+    assert ours.target_steps == [500, 1000, 1500]
+    assert min(w.min() for w in ours.weights) < 1.0, "the importance weights are not all 1: priorities differ"
+    assert len({float(w.min()) for w in ours.weights}) > 10
+
+
+# ------------------------------------------------------------------------------------------ flags and refusals
+REFUSALS = {
+    "policy_lag_1": (["--policy-lag", "1"], ["--policy-lag", "priorities"]),
+    "n_step_0": (["--n-step", "0"], ["--n-step"]),
+    "n_step_beyond_the_buffer": (["--n-step", "1000", "--num-envs", "2"], ["--n-step 1000", "--buffer-size"]),
+    "negative_alpha": (["--prioritized-replay-alpha", "-1"], ["--prioritized-replay-alpha"]),
+    "beta_above_1": (["--prioritized-replay-beta", "1.5"], ["--prioritized-replay-beta"]),
+    "v_min_not_below_v_max": (["--v-min", "10", "--v-max", "10"], ["--v-min 10", "--v-max 10", "not below"]),
+    "continuous_actions": (["--env-id", "Pendulum-v1"], ["RAINBOW", "Pendulum-v1"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_bad_input_is_refused_with_a_clear_error_before_anything_runs(tmp_path, case):
+    flags, needles = REFUSALS[case]
+    run_dir = tmp_path / "r"
+    proc = run_fleetrl_in_process("train", "rainbow", *SHORT, *flags, "--run-dir", str(run_dir))
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_help_gives_cleanrls_flags_and_family_defaults():
+    helped = run_fleetrl("train", "rainbow", "--help", timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    text = " ".join(helped.stdout.replace("│", " ").split())
+    for needle in ("--n-step", "--prioritized-replay-alpha", "--prioritized-replay-beta", "--prioritized-replay-eps", "--n-atoms",
+                   "[2.5e-4; Atari 6.25e-5]", "[500; Atari 8000]"):
+        assert needle in text, needle
+
+
+# ------------------------------------------------------------------------------------------ learning, resume, eval
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_rainbow_learns_cartpole(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_fleetrl("train", "rainbow", "--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress",
+                       "--total-timesteps", "40000", "--stop-at-return", "150", "--stop-window", "10", "--run-dir", str(run_dir),
+                       timeout=380)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    returns = np.array([p.value for p in read_scalars(run_dir, "charts/episodic_return")])
+    best = max(returns[i - 10:i].mean() for i in range(10, len(returns) + 1))
+    assert best >= 150, f"best rolling mean of 10 episodes in 40k steps: {best:.1f}"
+    assert all(read_scalars(run_dir, tag) for tag in ("losses/td_loss", "losses/q_values", "charts/beta", "charts/SPS"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sigterm_checkpoints_the_resumed_run_ends_bit_identical_and_eval_plays_the_mean_weights(tmp_path):
+    # a resume starts fresh episodes (docs/reliability.md), so the env is one whose episodes never differ; the buffer's
+    # priorities and waiting n-step transitions, the noise buffers and the RNG streams carry over
+    stateless = [*SHORT[SHORT.index("--no-cuda"):], "--env-id", "fleetrl_test_envs:Stateless-v0"]
+    train = ["train", "rainbow", *stateless, "--total-timesteps", "5000", "--checkpoint-every", "5", "--save-buffer"]
+    whole = run_fleetrl(*train, "--run-dir", str(tmp_path / "whole"), timeout=240)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "fleetrl", *train, "--run-dir", str(stopped)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=fleetrl_env(1), start_new_session=True)
+    try:
+        deadline = time.time() + 200
+        while not checkpoint.list_checkpoints(stopped) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0 and "stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
+    assert 500 <= int(checkpoint.load_checkpoint(stopped)["global_step"]) < 5000
+    resumed = run_fleetrl(*train, "--resume", "auto", "--run-dir", str(stopped), timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped)
+    assert a["global_step"] == b["global_step"] == 5000
+    for net in ("q_network", "target_network"):
+        for key in a[net]:
+            assert torch.equal(a[net][key], b[net][key]), f"{net}.{key} differs"
+    assert [p.step for p in read_scalars(stopped, "charts/beta")] == list(range(1100, 5001, 100)), "every learning iteration logged once"
+
+    # eval: greedy on the mean weights, the same returns for a seed (on CartPole: the same spaces, and episodes that end)
+    results = []
+    for _ in range(2):
+        proc = run_fleetrl("eval", str(tmp_path / "whole"), "--env-id", "CartPole-v1", "--episodes", "2", "--seed", "5", "--json", timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert results[0]["episodes"] == 2 and results[0] == results[1], results
