@@ -18,9 +18,11 @@ import importlib
 import re
 from pathlib import Path
 
+from fleetrl.algos import ALGOS
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "engine.md"
-TEMPLATES = ("ppo", "ppo_lstm", "dqn", "c51", "pqn", "sac", "td3")
+TEMPLATES = ALGOS
 RUN_START, RUN = "fleetrl.run.Run.start", "fleetrl.run.Run"  # `with Run.start(...) as run`: run's attributes are Run's
 QUALIFIED = re.compile(r"`(fleetrl(?:\.\w+)+)`")
 ROW = re.compile(r"^\|\s*`(fleetrl(?:\.\w+)+)`\s*\|")

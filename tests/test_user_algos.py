@@ -28,6 +28,7 @@ TINY = {
     "ppo_lstm": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "dqn": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000"], 600),
     "c51": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000"], 600),
+    "rainbow": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000", "--batch-size", "32"], 600),
     "pqn": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "sac": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
     "td3": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
@@ -55,7 +56,9 @@ def saved(run_dir: Path) -> dict:
 # ------------------------------------------------------------------------------------------ every way a built-in runs
 class _UsersCopy:
     """`fleetrl new my_ALGO --from ALGO`, then the copy trains as `python FILE`, resumes under `fleetrl train ./FILE`,
-    evaluates with its own code, trains under torchrun on 2 processes, and under `fleetrl benchmark` and `fleetrl tune`."""
+    evaluates with its own code, trains under torchrun on 2 processes, and under `fleetrl benchmark` and `fleetrl tune`.
+    How a file is imported, resumed, launched and handed to the tools is the same for every algorithm, so this runs for
+    one on-policy and one off-policy algorithm; every other algorithm's copy trains and evaluates (test_each_copy_...)."""
 
     algo = ""
 
@@ -63,13 +66,8 @@ class _UsersCopy:
     @pytest.mark.timeout(600)
     def test_the_copy_runs_every_way_a_builtin_does(self, tmp_path):
         algo, name = self.algo, f"my_{self.algo}"
-        if TINY[algo][0].startswith("Inverted"):
-            require_module("mujoco", "mujoco")
         total = TINY[algo][2]
-        made = new_file(tmp_path, name, algo)
-        assert made.returncode == 0, made.stderr
-        file = tmp_path / f"{name}.py"
-        assert f"fleetrl new {name} --from {algo}" in file.read_text()
+        file = copy_of(algo, name, tmp_path)
 
         # python FILE: half the budget; then fleetrl train ./FILE resumes it to the whole
         run_dir = tmp_path / "run"
@@ -111,37 +109,46 @@ class _UsersCopy:
         assert re.search(r"trials 2/2 done: 2 complete", tune.stdout), tune.stdout[-3000:]
 
 
+def copy_of(algo: str, name: str, folder: Path) -> Path:
+    """`fleetrl new NAME --from ALGO` in ``folder``: the copy's path."""
+    if TINY[algo][0].startswith("Inverted"):
+        require_module("mujoco", "mujoco")
+    made = new_file(folder, name, algo)
+    assert made.returncode == 0, made.stderr
+    file = folder / f"{name}.py"
+    assert f"fleetrl new {name} --from {algo}" in file.read_text()
+    return file
+
+
 # a class each, so that the workers of `make test` share them out (pytest-xdist's loadscope)
 class TestACopyOfPPO(_UsersCopy):
     algo = "ppo"
-
-
-class TestACopyOfPPOLSTM(_UsersCopy):
-    algo = "ppo_lstm"
 
 
 class TestACopyOfDQN(_UsersCopy):
     algo = "dqn"
 
 
-class TestACopyOfC51(_UsersCopy):
-    algo = "c51"
+EVERY_WAY = {cls.algo for cls in _UsersCopy.__subclasses__()}
 
 
-class TestACopyOfPQN(_UsersCopy):
-    algo = "pqn"
-
-
-class TestACopyOfSAC(_UsersCopy):
-    algo = "sac"
-
-
-class TestACopyOfTD3(_UsersCopy):
-    algo = "td3"
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo", [a for a in ALGOS if a not in EVERY_WAY])
+def test_each_copy_trains_as_python_file_and_evaluates_with_its_own_code(tmp_path, algo):
+    name = f"my_{algo}"
+    file = copy_of(algo, name, tmp_path)
+    run_dir = tmp_path / "run"
+    trained = python(file.name, *train_flags(algo, TINY[algo][2], run_dir), cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    state = saved(run_dir)
+    assert state["algo"] == name and state["global_step"] == TINY[algo][2] and state["algo_file"]["path"] == str(file.resolve())
+    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", "--json", cwd=tmp_path, timeout=120)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
 
 def test_every_builtin_has_a_copy_test():
-    assert {cls.algo for cls in _UsersCopy.__subclasses__()} == set(ALGOS) == set(TINY)
+    assert set(ALGOS) == set(TINY), "each algorithm's copy trains and evaluates (and ppo's and dqn's run every way)"
 
 
 # ------------------------------------------------------------------------------------------ the template
