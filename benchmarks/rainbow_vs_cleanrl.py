@@ -17,7 +17,8 @@ and losses, bit for bit; the first place they part is printed.
 
 ``--atari``: CleanRL's own script (benchmarks/cleanrl/rainbow_atari.py: rainbow_atari.py with gymnasium 1.x's changes,
 its run folder from CLEANRL_RUN_DIR) and ``fleetrl train rainbow`` on one Atari game with the same flags, one after the
-other, one torch thread each, pinned with ``taskset -c --cpu``: SPS and the episodes' returns at that budget.
+other (or at the same time, one ``--sides`` each on its own ``--cpu``), one torch thread each, pinned with ``taskset -c``:
+SPS and the episodes' returns at that budget.
 """
 
 from __future__ import annotations
@@ -322,6 +323,10 @@ def atari(opts: argparse.Namespace) -> None:
     rows = []
     for side in ("fleetrl", "cleanrl"):
         result_file = out / f"{side}.json"
+        if side not in opts.sides.split(","):
+            if result_file.exists():  # the other side's run, made by another invocation (--sides, --cpu)
+                rows.append((side, json.loads(result_file.read_text())))
+            continue
         if not result_file.exists():
             run_dir = out / side
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -337,7 +342,7 @@ def atari(opts: argparse.Namespace) -> None:
                                                "command": shlex.join(cmd)}))
         rows.append((side, json.loads(result_file.read_text())))
     print(f"\n{opts.env_id}, {opts.steps:,} steps, learning from {opts.learning_starts:,}, buffer {opts.buffer_size:,}, seed {opts.seed}; "
-          f"one torch thread, taskset -c {opts.cpu}, one run after the other\n")
+          f"one torch thread each, pinned to a core (taskset)\n")
     print("| side | wall | SPS | episodes | mean return, first 10 | mean return, last 10 | last td_loss |\n| --- | --- | --- | --- | --- | --- | --- |")
     for side, r in rows:
         ret = r["returns"]
@@ -356,6 +361,8 @@ def main() -> None:
     parser.add_argument("--env-id", default="BreakoutNoFrameskip-v4", help="for --atari")
     parser.add_argument("--buffer-size", type=int, default=100_000, help="for --atari")
     parser.add_argument("--cpu", default="1", help="taskset -c for each run")
+    parser.add_argument("--sides", default="fleetrl,cleanrl", help="for --atari: the sides to run here (run each side in "
+                        "an invocation of its own, on its own --cpu, to run them at the same time; a finished side's result is kept)")
     parser.add_argument("--out", default=str(ROOT / "runs" / "rainbow_vs_cleanrl"))
     opts = parser.parse_args()
     if opts.lockstep:

@@ -404,4 +404,16 @@ def rank_seed(seed: int, rank: int, global_step: int = 0) -> int:
     return (seed + rank + 1_000_003 * global_step) % (2**31)
 
 
-__all__ = ["Dist", "init_distributed", "launched_by_torchrun", "place_rank", "rank_seed", "split_evenly"]
+def shared_generator(device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A torch generator that is the same on every rank, for draws the replicas must agree on (Rainbow's noise: the
+    replicas are one network learning from the global batch). Under torchrun rank 0 draws its seed from its own torch
+    RNG (seeded and checkpointed with the run) and broadcasts it, so every rank calls this at the same point. In one
+    process: None, so the caller draws from torch's global RNG, as CleanRL does."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    seed = torch.randint(2**62, (1,), device=device)
+    dist.broadcast(seed, src=0)
+    return torch.Generator(device=device).manual_seed(int(seed.item()))
+
+
+__all__ = ["Dist", "init_distributed", "launched_by_torchrun", "place_rank", "rank_seed", "shared_generator", "split_evenly"]

@@ -208,7 +208,7 @@ def categorical_projection(next_pmfs: torch.Tensor, rewards: torch.Tensor, dones
 class NoisyLinear(nn.Module):
     """A linear layer with learned Gaussian noise on its weights and biases (NoisyNet, Fortunato et al. 2018), which
     explores in place of epsilon-greedy. CleanRL's: independent noise for each weight (``std_init / sqrt(fan_in)``),
-    drawn anew by :meth:`reset_noise` from torch's RNG, which the algorithm calls before each update; made in CleanRL's
+    drawn anew by :meth:`reset_noise` from torch's RNG (or a generator), which the algorithm calls before each update; made in CleanRL's
     order, so a seed gives its weights and noise. In eval mode it is the mean layer: evaluation plays without noise."""
 
     def __init__(self, in_features: int, out_features: int, std_init: float = 0.5):
@@ -230,9 +230,9 @@ class NoisyLinear(nn.Module):
         self.bias_mu.data.uniform_(-mu_range, mu_range)
         self.bias_sigma.data.fill_(self.std_init / math.sqrt(self.out_features))
 
-    def reset_noise(self) -> None:
-        self.weight_epsilon.normal_()
-        self.bias_epsilon.normal_()
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        self.weight_epsilon.normal_(generator=generator)
+        self.bias_epsilon.normal_(generator=generator)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
@@ -256,11 +256,12 @@ class NoisyDuelingHead(nn.Module):
         advantage = self.advantage_head(h).view(-1, self.num_actions, self.n_atoms)
         return value + advantage - advantage.mean(dim=1, keepdim=True)
 
-    def reset_noise(self) -> None:
-        """New noise for every noisy layer, the value stream's first (CleanRL's order of draws)."""
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        """New noise for every noisy layer, the value stream's first (CleanRL's order of draws), from ``generator``
+        (default: torch's global RNG)."""
         for layer in self.modules():
             if isinstance(layer, NoisyLinear):
-                layer.reset_noise()
+                layer.reset_noise(generator)
 
 
 # --- PQN's Q-networks: LayerNorm after every hidden layer (CleanRL's pqn.py, pqn_atari_envpool.py) -----------------

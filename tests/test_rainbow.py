@@ -191,3 +191,19 @@ def test_sigterm_checkpoints_the_resumed_run_ends_bit_identical_and_eval_plays_t
         assert proc.returncode == 0, proc.stderr[-3000:]
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert results[0]["episodes"] == 2 and results[0] == results[1], results
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_torchrun_every_rank_draws_the_same_noise_and_the_replicas_stay_identical(tmp_path):
+    # each rank samples its own shard by its own priorities; the noise comes from a generator rank 0 seeds
+    # (fleetrl.distributed.shared_generator), else the noise buffers, and so the replicas, would differ
+    torchrun = Path(sys.executable).parent / "torchrun"
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "fleetrl", "train", "rainbow", *SHORT,
+                           "--num-envs", "2", "--total-timesteps", "1600", "--learning-starts", "500", "--batch-size", "32",
+                           "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=240, env=fleetrl_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout + proc.stderr
+    state = checkpoint.load_checkpoint(run_dir)
+    assert state["world_size"] == 2 and state["global_step"] == 1600

@@ -16,7 +16,8 @@ Differences from CleanRL, each on purpose (besides DQN's, dqn.py):
   classic defaults (CleanRL has Rainbow for Atari only);
 * ``--start-e``/``--end-e`` default to 0 (CleanRL's file declares 1 and 0.01 but never uses them): noisy layers
   explore; give them to add epsilon-greedy on top;
-* several envs and torchrun (each rank's buffer shard has its own sum tree; gradients are averaged);
+* several envs and torchrun (each rank's buffer shard has its own sum tree; gradients are averaged; every rank draws
+  the same noise, from a generator rank 0 seeds, so the replicas stay one network);
 * ``--policy-lag 1`` is refused: the priorities come back from each update to the buffer in the acting process, and
   the noise is drawn where the update runs.
 """
@@ -34,6 +35,7 @@ from fleetrl import config
 from fleetrl.algos import c51, dqn
 from fleetrl.algos.source import train_main
 from fleetrl.args import validate_offpolicy
+from fleetrl.distributed import shared_generator
 from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import NoisyDuelingHead, categorical_projection, categorical_q_values, nature_convs
@@ -117,8 +119,8 @@ class QNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.distribution(x)[1]
 
-    def reset_noise(self) -> None:
-        self.head.reset_noise()
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        self.head.reset_noise(generator)
 
     def q_values_on_host(self, device: torch.device) -> Callable[[np.ndarray], np.ndarray]:
         return host_forward(self, device)  # torch: the noisy layers act through their current noise
@@ -145,8 +147,9 @@ def rainbow_loss(q_network: QNetwork, target_network: QNetwork, data: Prioritize
     distribution for the next action the online network picks (double Q), shifted by the n-step reward and discounted
     by ``gamma ** k``, projected onto the atoms; each sample's cross-entropy, weighted by its importance weight. Returns
     the loss, CleanRL's scalars (``losses/td_loss``, ``losses/q_values``) and each sample's new ``priorities``."""
-    q_network.reset_noise()  # reset the noise for both networks
-    target_network.reset_noise()
+    noise = shared_generator(q_network.atoms.device)  # under torchrun, the same noise on every rank (one process: None)
+    q_network.reset_noise(noise)  # reset the noise for both networks
+    target_network.reset_noise(noise)
     with torch.no_grad():
         next_dist, _ = target_network.distribution(data.next_obs)  # [B, num_actions, n_atoms]
         _, next_q_online = q_network.distribution(data.next_obs)  # double q-learning
