@@ -79,17 +79,20 @@ RANGES = {  # what each flag accepts (after the family defaults are filled), che
     "n_step": config.count("the steps of each return before it bootstraps", high=1000),
     "prioritized_replay_alpha": config.Range("how strongly priorities skew sampling (0: uniform)", low=0, high=100),
     "prioritized_replay_beta": config.fraction("the importance-sampling exponent at the start (annealed to 1)"),
-    "prioritized_replay_eps": config.positive("what every priority gets added, so that no transition is never drawn", 1.0),
-    "policy_lag": config.count("Rainbow's updates run in its own loop: its priorities go back to the buffer after each update, "
-                               "and its noise is drawn where the update runs", low=0, high=0),
+    "prioritized_replay_eps": config.positive("what every priority gets added, so that every transition can be drawn", 1.0),
 }
 
 
 def validate(args: Args, world_size: int = 1) -> None:
-    """Refuse a configuration that cannot run, before anything starts: C51's checks, and a buffer too small for n steps."""
+    """Refuse a configuration that cannot run, before anything starts: C51's checks, --policy-lag 1, and a buffer too
+    small for n steps."""
     validate_offpolicy(args, world_size, RANGES)
     c51.check_atoms(args)
-    if args.n_step >= args.buffer_size // max(args.num_envs, 1):
+    if args.policy_lag:
+        raise FleetError("fleetrl rainbow --policy-lag 1 would run the updates in a learner process, but each update's priorities go "
+                         "back to the replay buffer in the acting process before the next batch is drawn, and the noise is drawn where "
+                         "the update runs. Leave out --policy-lag (0): Rainbow updates in its own loop.")
+    if args.n_step >= args.buffer_size // args.num_envs:
         raise FleetError(f"--n-step {args.n_step} needs each env's part of the replay buffer to hold more than {args.n_step} steps, and "
                          f"--buffer-size {args.buffer_size} over --num-envs {args.num_envs} gives {args.buffer_size // args.num_envs}. "
                          f"Raise --buffer-size or lower --n-step.")
