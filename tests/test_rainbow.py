@@ -157,7 +157,7 @@ def test_sigterm_checkpoints_the_resumed_run_ends_bit_identical_and_eval_plays_t
     # a resume starts fresh episodes (docs/reliability.md), so the env is one whose episodes never differ; the buffer's
     # priorities and waiting n-step transitions, the noise buffers and the RNG streams carry over
     stateless = [*SHORT[SHORT.index("--no-cuda"):], "--env-id", "fleetrl_test_envs:Stateless-v0"]
-    train = ["train", "rainbow", *stateless, "--total-timesteps", "5000", "--checkpoint-every", "5", "--save-buffer"]
+    train = ["train", "rainbow", *stateless, "--total-timesteps", "5000", "--batch-size", "32", "--checkpoint-every", "5", "--save-buffer"]
     whole = run_fleetrl(*train, "--run-dir", str(tmp_path / "whole"), timeout=240)
     assert whole.returncode == 0, whole.stderr[-3000:]
 
