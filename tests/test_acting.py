@@ -8,7 +8,7 @@ from torch.distributions import Categorical, Normal
 
 from fleetrl.algos.ppo import Agent
 from fleetrl.nets import categorical_logprob_entropy, categorical_sample, gaussian_logprob_entropy, gaussian_sample
-from fleetrl.sampling.acting import NumpyMLPActor, TorchActor, host_forward, make_actor
+from fleetrl.sampling.acting import NumpyMLPActor, TorchActor, host_categorical_q_values, host_forward, make_actor
 
 
 def test_categorical_helpers_match_torch_distributions():
@@ -106,6 +106,42 @@ def test_host_forward_matches_torch_and_sees_the_optimisers_in_place_steps_and_a
     with torch.no_grad():
         expected = cnn(torch.as_tensor(frames)).numpy()
     np.testing.assert_allclose(host_forward(cnn.network, torch.device("cpu"))(frames), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("obs_dim, num_actions, n_atoms, v_max", [(4, 2, 101, 100.0), (8, 6, 51, 10.0)], ids=["cartpole", "atari-atoms"])
+def test_c51_q_values_in_numpy_match_torch_and_its_argmax_and_see_the_optimisers_steps(obs_dim, num_actions, n_atoms, v_max):
+    # C51 acts on the argmax of numpy's softmax and expected return (host_categorical_q_values); torch's are the reference.
+    # Each Q-value sums n_atoms products of up to |v_max| each, so float32 rounding is relative to the atoms' scale.
+    from fleetrl.algos.c51 import QNetwork
+
+    torch.manual_seed(0)
+    q_network = QNetwork((obs_dim,), num_actions, n_atoms, -v_max, v_max)
+    q_values_of = host_categorical_q_values(q_network, torch.device("cpu"))
+    assert "torch_forward" not in q_values_of.__qualname__  # the numpy path, not the fallback
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=0.05, fused=True)
+    rng = np.random.default_rng(0)
+    for step in range(4):  # the initial network, then sharper distributions after in-place optimiser steps
+        obs = rng.standard_normal((2000, obs_dim)) * 3  # float64, as CartPole gives them
+        with torch.no_grad():
+            expected = q_network(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        q_values = q_values_of(obs)
+        assert q_values.dtype == np.float32 and q_values.shape == (2000, num_actions)
+        assert np.abs(q_values - expected).max() <= 1e-6 * v_max
+        np.testing.assert_array_equal(q_values.argmax(1), expected.argmax(1))
+        logits = q_network.network(torch.as_tensor(obs[:64], dtype=torch.float32)).view(64, num_actions, n_atoms)
+        (-logits[..., -1].log_softmax(0)).mean().backward()  # push mass to the last atom: the pmfs sharpen
+        optimizer.step()
+        optimizer.zero_grad()
+    q_network.load_state_dict(QNetwork((obs_dim,), num_actions, n_atoms, -v_max, v_max).state_dict())  # a resume, in place
+    with torch.no_grad():
+        expected = q_network(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+    assert np.abs(q_values_of(obs) - expected).max() <= 1e-6 * v_max
+
+    cnn = QNetwork((4, 84, 84), 3, n_atoms, -v_max, v_max)  # not an MLP: the whole module runs in torch
+    frames = np.random.default_rng(1).integers(0, 255, (2, 4, 84, 84), dtype=np.uint8)
+    with torch.no_grad():
+        expected = cnn(torch.as_tensor(frames)).numpy()
+    np.testing.assert_array_equal(host_categorical_q_values(cnn, torch.device("cpu"))(frames), expected)
 
 
 @pytest.mark.parametrize("obs_shape, impala", [((4, 84, 84), False), ((64, 64, 3), True), ((3, 64, 64), True)],

@@ -161,23 +161,51 @@ class NumpyMLPActor(_Sampling):
         return _forward(self.critic_layers, obs.astype(np.float32, copy=False))[:, 0]
 
 
+def _host_layers(module: nn.Module, device: torch.device) -> list | None:
+    """:func:`_numpy_layers` of a float32 Sequential on the CPU, else None (a CNN, a GPU, bf16: torch runs it)."""
+    params = list(module.parameters())
+    if device.type == "cpu" and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params):
+        return _numpy_layers(module)
+    return None
+
+
 def host_forward(module: nn.Module, device: torch.device):
     """``module`` as a function from a numpy batch to a numpy array, for acting one step at a time (DQN's Q-values).
 
     A float32 Linear/Tanh/ReLU Sequential on the CPU runs in numpy over views of its parameters (DQN's Q-values for one
     CartPole: 12 µs against 46 µs through the torch module; benchmarks/micro_costs.py), and the optimiser's in-place steps (and a resume's
     ``load_state_dict``, which copies in place) are seen at once. Anything else (a CNN, a GPU) runs in torch."""
-    params = list(module.parameters())
-    if device.type == "cpu" and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params):
-        layers = _numpy_layers(module)
-        if layers is not None:
-            return lambda obs: _forward(layers, obs.astype(np.float32, copy=False))
+    layers = _host_layers(module, device)
+    if layers is not None:
+        return lambda obs: _forward(layers, obs.astype(np.float32, copy=False))
 
     def torch_forward(obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return module(torch.as_tensor(network_input(obs), device=device)).float().cpu().numpy()
 
     return torch_forward
+
+
+def host_categorical_q_values(module: nn.Module, device: torch.device):
+    """A distributional Q-network's Q-values as :func:`host_forward` gives DQN's: numpy batch in, ``(N, actions)`` out.
+
+    ``module.network`` gives each action's logits over the fixed returns ``module.atoms`` (``(N, actions * n_atoms)``),
+    and ``module(x)`` the Q-values (C51's: :func:`fleetrl.nets.categorical_q_values`). Where numpy can run the network,
+    the softmax over each action's atoms and the expected return ``sum(pmf * atoms)`` run in numpy float32 too; they
+    agree with torch's to float32 rounding, and acting takes only their argmax. Else the whole module runs in torch."""
+    layers = _host_layers(module.network, device)
+    if layers is None or module.atoms.dtype != torch.float32:
+        return host_forward(module, device)
+    atoms = module.atoms.numpy()
+
+    def q_values(obs: np.ndarray) -> np.ndarray:
+        logits = _forward(layers, obs.astype(np.float32, copy=False)).reshape(len(obs), -1, len(atoms))
+        pmfs = logits - logits.max(-1, keepdims=True)
+        np.exp(pmfs, out=pmfs)
+        pmfs /= pmfs.sum(-1, keepdims=True)  # the softmax over each action's atoms
+        return pmfs @ atoms  # sum(pmf * atoms): each action's expected return
+
+    return q_values
 
 
 def make_actor(agent: nn.Module, device: torch.device, seed: int) -> TorchActor | NumpyMLPActor:
