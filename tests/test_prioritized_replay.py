@@ -79,8 +79,11 @@ def test_sum_tree_is_cleanrls_segment_tree_bit_for_bit(cleanrl, capacity):
         for slot, value in zip(slots, values):
             theirs.update(slot, value)
         np.testing.assert_array_equal(ours.nodes, theirs.tree)
-        masses = rng.uniform(0, float(theirs.total()), 64)
-        np.testing.assert_array_equal(ours.find(masses), [theirs.retrieve(m) for m in masses])
+        # Python floats, as CleanRL's sample draws them (np.random.uniform of two scalars), and masses on the edges of
+        # the leaves' prefix sums, where float32 and float64 walks part (NumPy 2 makes CleanRL's walk float32)
+        edges = np.cumsum(theirs.tree[capacity - 1:].astype(np.float64))[:-1]
+        masses = [float(m) for m in np.concatenate([rng.uniform(0, float(theirs.total()), 2000), edges, np.nextafter(edges, np.inf)])]
+        np.testing.assert_array_equal(ours.find(np.array(masses)), [theirs.retrieve(m) for m in masses])
     rebuilt = SumTree(capacity)
     rebuilt.leaves[:] = ours.leaves
     rebuilt.rebuild()

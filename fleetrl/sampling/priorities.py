@@ -13,7 +13,7 @@ Two objects, one job each:
 
 The tree is the heap of openai/baselines and CleanRL (``2 * capacity - 1`` float32 nodes, node ``k``'s children at
 ``2k + 1`` and ``2k + 2``, slot ``s`` at node ``capacity - 1 + s``), and every number is computed as CleanRL computes it
-(its dtypes, its order of operations, its float64 search). So the same inserts, updates and random draws give CleanRL's
+(its dtypes under NumPy 2, its order of operations, its float32 search). So the same inserts, updates and random draws give CleanRL's
 sampled slots, priorities and weights bit for bit, for any capacity (tests/test_prioritized_replay.py compares them with
 CleanRL's own classes, benchmarks/cleanrl_per.py). The memory is the tree's: two float32 numbers per slot (8 MB for 1M).
 """
@@ -80,8 +80,10 @@ class SumTree:
 
     def find(self, masses: np.ndarray) -> np.ndarray:
         """For each mass in ``[0, total]`` the slot whose leaf holds it: the first slot (in heap order) whose prefix sum
-        reaches it. Masses are float64, compared with the float32 sums and reduced as CleanRL's ``retrieve``."""
-        masses = np.array(masses, np.float64).reshape(-1)
+        reaches it. The walk is float32, as CleanRL's ``retrieve`` runs under NumPy 2: its mass, a Python float, meets
+        the tree's float32 sums, which NEP 50 makes float32 arithmetic (the mass rounded to float32 for each comparison
+        and subtraction; NumPy 1's value-based casting kept float64, which parts from it on a sum's rounding edge)."""
+        masses = np.array(masses, np.float32).reshape(-1)
         nodes = np.zeros(len(masses), np.int64)
         # the levels whose nodes all have children: five numpy calls a level, in place
         for _ in range(self.capacity.bit_length() - 1):
