@@ -155,34 +155,15 @@ def fleetrl_trace(seed: int, steps: int, learning_starts: int, env_id: str = "Ca
     """fleetrl's C51 run, its actions, update and target steps and losses recorded at the engine calls DQN's loop makes."""
     import plain_offpolicy
 
-    from fleetrl.algos import c51, dqn
+    from fleetrl.algos import c51
 
-    trace, calls = plain_offpolicy.Trace(), (dqn.step_envs, dqn.optimizer_step, dqn.soft_update)
-    step_envs, optimizer_step, soft_update = calls
+    trace = plain_offpolicy.Trace()
+    with plain_offpolicy.recording_dqn_loop(trace), tempfile.TemporaryDirectory() as runs:
+        c51.train(c51.Args(env_id=env_id, seed=seed, total_timesteps=steps, learning_starts=learning_starts, torch_threads=1,
+                           cuda=False, env_backend="sync", progress=False, run_dir=os.path.join(runs, "run")))
+        from fleetrl import checkpoint
 
-    def record_step(envs, rb, obs, actions, *rest):
-        trace.actions.append(int(actions[0]))
-        return step_envs(envs, rb, obs, actions, *rest)
-
-    def record_update(optimizer, sync, loss):
-        trace.update_steps.append(len(trace.actions) - 1)  # CleanRL's global_step: the steps before the last one
-        trace.losses.append(loss.item())
-        return optimizer_step(optimizer, sync, loss)
-
-    def record_target(target, source, tau):
-        trace.target_steps.append(len(trace.actions) - 1)
-        return soft_update(target, source, tau)
-
-    dqn.step_envs, dqn.optimizer_step, dqn.soft_update = record_step, record_update, record_target
-    try:
-        with tempfile.TemporaryDirectory() as runs:
-            c51.train(c51.Args(env_id=env_id, seed=seed, total_timesteps=steps, learning_starts=learning_starts, torch_threads=1,
-                               cuda=False, env_backend="sync", progress=False, run_dir=os.path.join(runs, "run")))
-            from fleetrl import checkpoint
-
-            trace.final_params = checkpoint.load_checkpoint(os.path.join(runs, "run"))["q_network"]
-    finally:
-        dqn.step_envs, dqn.optimizer_step, dqn.soft_update = calls
+        trace.final_params = checkpoint.load_checkpoint(os.path.join(runs, "run"))["q_network"]
     return trace
 
 

@@ -194,8 +194,7 @@ def fleetrl_trace(seed: int, steps: int, learning_starts: int):
 
     from fleetrl.algos import dqn
 
-    trace, calls = plain_offpolicy.Trace(), (dqn.step_envs, dqn.optimizer_step, dqn.soft_update, dqn.host_forward)
-    step_envs, optimizer_step, soft_update, host_forward = calls
+    trace, host_forward = plain_offpolicy.Trace(), dqn.host_forward
 
     def recording_host_forward(module, device):
         forward = host_forward(module, device)
@@ -206,26 +205,13 @@ def fleetrl_trace(seed: int, steps: int, learning_starts: int):
             return q_values
         return q_values_of
 
-    def record_step(envs, rb, obs, actions, *rest):
-        trace.actions.append(int(actions[0]))
-        return step_envs(envs, rb, obs, actions, *rest)
-
-    def record_update(optimizer, sync, loss):
-        trace.update_steps.append(len(trace.actions) - 1)  # CleanRL's global_step: the steps before the last one
-        trace.losses.append(loss.item())
-        return optimizer_step(optimizer, sync, loss)
-
-    def record_target(target, source, tau):
-        trace.target_steps.append(len(trace.actions) - 1)
-        return soft_update(target, source, tau)
-
-    dqn.step_envs, dqn.optimizer_step, dqn.soft_update, dqn.host_forward = record_step, record_update, record_target, recording_host_forward
+    dqn.host_forward = recording_host_forward
     try:
-        with tempfile.TemporaryDirectory() as runs:
+        with plain_offpolicy.recording_dqn_loop(trace), tempfile.TemporaryDirectory() as runs:
             dqn.train(dqn.Args(env_id=ENV_ID, seed=seed, total_timesteps=steps, learning_starts=learning_starts, torch_threads=1,
                                cuda=False, env_backend="sync", progress=False, run_dir=os.path.join(runs, "run")))
     finally:
-        dqn.step_envs, dqn.optimizer_step, dqn.soft_update, dqn.host_forward = calls
+        dqn.host_forward = host_forward
     return trace
 
 

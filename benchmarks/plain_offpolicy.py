@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -218,6 +219,37 @@ class Trace:
     update_steps: list[int] = field(default_factory=list)
     target_steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+
+
+@contextmanager
+def recording_dqn_loop(trace: Any):
+    """While open, fleetrl's DQN loop (fleetrl/algos/dqn.py; C51 and Rainbow run it too) records into ``trace`` at the
+    engine calls it makes: each step's action (``actions``), each update's global step and loss (``update_steps``,
+    ``losses``), each target copy's global step (``target_steps``). A global step is CleanRL's loop variable: the steps
+    taken before the last one."""
+    from fleetrl.algos import dqn
+
+    calls = (dqn.step_envs, dqn.optimizer_step, dqn.soft_update)
+    step_envs, optimizer_step, soft_update = calls
+
+    def record_step(envs, rb, obs, actions, *rest):
+        trace.actions.append(int(actions[0]))
+        return step_envs(envs, rb, obs, actions, *rest)
+
+    def record_update(optimizer, sync, loss):
+        trace.update_steps.append(len(trace.actions) - 1)
+        trace.losses.append(loss.item())
+        return optimizer_step(optimizer, sync, loss)
+
+    def record_target(target, source, tau):
+        trace.target_steps.append(len(trace.actions) - 1)
+        return soft_update(target, source, tau)
+
+    dqn.step_envs, dqn.optimizer_step, dqn.soft_update = record_step, record_update, record_target
+    try:
+        yield trace
+    finally:
+        dqn.step_envs, dqn.optimizer_step, dqn.soft_update = calls
 
 
 def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, device: str = "cpu",

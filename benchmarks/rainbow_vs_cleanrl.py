@@ -231,26 +231,14 @@ def plain_rainbow(env_id: str, steps: int, learning_starts: int, seed: int, trac
 def fleetrl_trace(seed: int, steps: int, learning_starts: int, env_id: str = "EndlessWalk-v0") -> Trace:
     """fleetrl's Rainbow run on ``env_id`` with LOCKSTEP's hyperparameters, recorded at the engine calls DQN's loop makes
     and at the replay buffer's sample and update_priorities."""
+    import plain_offpolicy
+
     from fleetrl import checkpoint
-    from fleetrl.algos import dqn, rainbow
+    from fleetrl.algos import rainbow
     from fleetrl.sampling.replay import ReplayBuffer
 
     trace = Trace()
-    originals = (dqn.step_envs, dqn.optimizer_step, dqn.soft_update, ReplayBuffer.sample, ReplayBuffer.update_priorities)
-    step_envs, optimizer_step, soft_update, sample, update_priorities = originals
-
-    def record_step(envs, rb, obs, actions, *rest):
-        trace.actions.append(int(actions[0]))
-        return step_envs(envs, rb, obs, actions, *rest)
-
-    def record_update(optimizer, sync, loss):
-        trace.update_steps.append(len(trace.actions) - 1)  # CleanRL's global_step: the steps before the last one
-        trace.losses.append(loss.item())
-        return optimizer_step(optimizer, sync, loss)
-
-    def record_target(target, source, tau):
-        trace.target_steps.append(len(trace.actions) - 1)
-        return soft_update(target, source, tau)
+    sample, update_priorities = ReplayBuffer.sample, ReplayBuffer.update_priorities
 
     def record_sample(self, batch_size):
         batch = sample(self, batch_size)
@@ -262,17 +250,15 @@ def fleetrl_trace(seed: int, steps: int, learning_starts: int, env_id: str = "En
         trace.priorities.append(errors.numpy().copy())
         return update_priorities(self, indices, errors)
 
-    dqn.step_envs, dqn.optimizer_step, dqn.soft_update = record_step, record_update, record_target
     ReplayBuffer.sample, ReplayBuffer.update_priorities = record_sample, record_priorities
     try:
-        with tempfile.TemporaryDirectory() as runs:
+        with plain_offpolicy.recording_dqn_loop(trace), tempfile.TemporaryDirectory() as runs:
             rainbow.train(rainbow.Args(env_id=f"rainbow_vs_cleanrl:{env_id}", seed=seed, total_timesteps=steps, learning_starts=learning_starts,
                                        torch_threads=1, cuda=False, env_backend="sync", progress=False, run_dir=os.path.join(runs, "run"),
                                        **LOCKSTEP))
             trace.final_params = checkpoint.load_checkpoint(os.path.join(runs, "run"))["q_network"]
     finally:
-        dqn.step_envs, dqn.optimizer_step, dqn.soft_update = originals[:3]
-        ReplayBuffer.sample, ReplayBuffer.update_priorities = originals[3:]
+        ReplayBuffer.sample, ReplayBuffer.update_priorities = sample, update_priorities
     return trace
 
 

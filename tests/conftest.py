@@ -275,6 +275,17 @@ def run_fleetrl_in_process(*args: str, cwd: str | Path | None = None) -> subproc
     return subprocess.CompletedProcess(["fleetrl", *args], code, out.getvalue(), err.getvalue())
 
 
+def assert_train_refused(algo: str, flags: list[str], needles: list[str], run_dir: Path) -> None:
+    """``fleetrl train ALGO FLAGS --run-dir RUN_DIR`` (in this process) is refused in one clear paragraph naming each of
+    ``needles``, before anything starts: a non-zero exit, no traceback, no checkpoint."""
+    proc = run_fleetrl_in_process("train", algo, *flags, "--run-dir", str(run_dir))
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+    assert not (run_dir / "checkpoints").exists()
+
+
 class FakeClock:
     """A ``perf_counter`` that moves only when a test says so, for the phase timer (fleetrl/monitor/timing.py): the
     accounting is then checked exactly, with no sleeps and no tolerance for a loaded machine."""

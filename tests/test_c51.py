@@ -20,7 +20,7 @@ from fleetrl.algos import c51
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.nets import categorical_projection
 
-from conftest import fleetrl_env, run_fleetrl, run_fleetrl_in_process
+from conftest import assert_train_refused, fleetrl_env, run_fleetrl
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SHORT = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress", "--learning-starts", "1000", "--buffer-size", "2000"]
@@ -137,13 +137,7 @@ REFUSALS = {
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_bad_input_is_refused_with_a_clear_error_before_anything_runs(tmp_path, case):
     flags, needles = REFUSALS[case]
-    run_dir = tmp_path / "r"
-    proc = run_fleetrl_in_process("train", "c51", *SHORT, *flags, "--run-dir", str(run_dir))
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, proc.stderr
-    assert not (run_dir / "checkpoints").exists()
+    assert_train_refused("c51", [*SHORT, *flags], needles, tmp_path / "r")
 
 
 def test_help_gives_cleanrls_flags_and_family_defaults():
