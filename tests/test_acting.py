@@ -8,7 +8,8 @@ from torch.distributions import Categorical, Normal
 
 from fleetrl.algos.ppo import Agent
 from fleetrl.nets import categorical_logprob_entropy, categorical_sample, gaussian_logprob_entropy, gaussian_sample
-from fleetrl.sampling.acting import NumpyMLPActor, TorchActor, host_categorical_q_values, host_forward, make_actor
+from fleetrl.sampling.acting import (NumpyMLPActor, QValueActor, TorchActor, host_categorical_q_values, host_forward,
+                                     make_actor)
 
 
 def test_categorical_helpers_match_torch_distributions():
@@ -142,6 +143,44 @@ def test_c51_q_values_in_numpy_match_torch_and_its_argmax_and_see_the_optimisers
     with torch.no_grad():
         expected = cnn(torch.as_tensor(frames)).numpy()
     np.testing.assert_array_equal(host_categorical_q_values(cnn, torch.device("cpu"))(frames), expected)
+
+
+def test_pqn_acts_from_its_layernorm_mlps_own_torch_functions_bit_for_bit_and_sees_the_optimisers_steps_and_a_load():
+    # PQN's values feed its Q(lambda) returns, which the lockstep with CleanRL requires bit for bit (tests/test_pqn.py):
+    # so its actor calls torch's LayerNorm MLP functions without the modules, never numpy, and must equal the module
+    from fleetrl.algos.pqn import QNetwork
+
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    q_network = QNetwork((4,), gym.spaces.Discrete(3))
+    actor, reference = make_actor(q_network, cpu, seed=5), TorchActor(q_network, cpu, seed=5)
+    assert isinstance(actor, QValueActor)
+    optimizer = torch.optim.RAdam(q_network.parameters(), lr=0.05)
+    rng = np.random.default_rng(0)
+    for step in range(4):  # the initial network, then after in-place optimiser steps
+        obs = rng.standard_normal((2000, 4)) * 3  # float64, as CartPole gives them
+        with torch.no_grad():
+            expected = q_network.q_values(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        q_values = actor.q_values(obs)
+        assert q_values.dtype == np.float32
+        np.testing.assert_array_equal(q_values, expected)
+        np.testing.assert_array_equal(actor.value(obs), expected.max(1))
+        noise = rng.exponential(size=(2000, 3))
+        for got, want in zip(actor.act(obs, np.ones_like(noise)) + actor.act(obs, noise),
+                             reference.act(obs, np.ones_like(noise)) + reference.act(obs, noise)):
+            np.testing.assert_array_equal(got, want)  # greedy (PQN's draw) and Gumbel draws: actions, log-probs, values
+        q_network.q_values(torch.as_tensor(obs[:64], dtype=torch.float32)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    q_network.load_state_dict(QNetwork((4,), gym.spaces.Discrete(3)).state_dict())  # a resume copies in place
+    with torch.no_grad():
+        expected = q_network.q_values(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+    np.testing.assert_array_equal(actor.q_values(obs), expected)
+    np.testing.assert_array_equal(actor.noise(3), reference.noise(3))  # the same RNG stream as the torch actor's
+
+    assert isinstance(make_actor(QNetwork((4, 84, 84), gym.spaces.Discrete(3)), cpu, seed=0), TorchActor)  # a CNN: torch
+    q_network.compute_dtype = torch.bfloat16
+    assert isinstance(make_actor(q_network, cpu, seed=0), TorchActor)  # bf16 acts as it learns
 
 
 @pytest.mark.parametrize("obs_shape, impala", [((4, 84, 84), False), ((64, 64, 3), True), ((3, 64, 64), True)],

@@ -121,6 +121,7 @@ class QNetwork(nn.Module):
     value ``max_a Q``, which the Q(lambda) recurrence bootstraps from."""
 
     continuous = False  # the acting engine samples categorical actions from the first output
+    greedy_value = True  # agent(x) is (network(x), its max): the engine acts from the network alone (sampling/acting.py)
 
     def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, impala: bool = False):
         super().__init__()
