@@ -139,13 +139,14 @@ def python_in_a_clone_named_fleetrl(tmp_path: Path) -> str:
     return str(venv / Path(sys.executable).relative_to(sys.prefix))
 
 
-def assert_same_learner(a: dict, b: dict) -> None:
-    """Two checkpoints hold the same learner, bit for bit: step, model tensors and Adam's state."""
+def assert_same_learner(a: dict, b: dict, networks: tuple[str, ...] = ("model",)) -> None:
+    """Two checkpoints hold the same learner, bit for bit: step, the tensors of each of ``networks`` and Adam's state."""
     import torch
 
     assert a["global_step"] == b["global_step"]
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), f"model tensor {key} differs"
+    for net in networks:
+        for key in a[net]:
+            assert torch.equal(a[net][key], b[net][key]), f"{net} tensor {key} differs"
     for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
         for name in va:
             assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"optimizer state {ka}.{name} differs"

@@ -20,7 +20,7 @@ from fleetrl.algos import c51
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.nets import categorical_projection
 
-from conftest import assert_train_refused, fleetrl_env, run_fleetrl
+from conftest import assert_same_learner, assert_train_refused, fleetrl_env, run_fleetrl
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SHORT = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress", "--learning-starts", "1000", "--buffer-size", "2000"]
@@ -162,16 +162,6 @@ def test_c51_learns_cartpole_with_cleanrls_defaults_in_40k_steps(tmp_path):
     assert all(read_scalars(run_dir, tag) for tag in ("losses/loss", "losses/q_values", "charts/epsilon", "charts/SPS"))
 
 
-def same_learner(a: dict, b: dict) -> None:
-    assert a["global_step"] == b["global_step"]
-    for net in ("q_network", "target_network"):
-        for key in a[net]:
-            assert torch.equal(a[net][key], b[net][key]), f"{net}.{key} differs"
-    for (ka, va), (_, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
-        for name in va:
-            assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"optimizer state {ka}.{name} differs"
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
@@ -199,7 +189,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
     assert 500 <= stopped_at < 6000
     resumed = run_fleetrl(*train, "--resume", "auto", "--run-dir", str(stopped), timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    same_learner(checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped))
+    assert_same_learner(checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped), ("q_network", "target_network"))
     assert [p.step for p in read_scalars(stopped, "charts/epsilon")] == list(range(100, 6001, 100)), "every iteration logged once"
 
 

@@ -5,11 +5,9 @@ input refused in one paragraph before anything starts."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,7 @@ from fleetrl.algos import rainbow
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.nets import NoisyLinear
 
-from conftest import assert_train_refused, fleetrl_env, run_fleetrl
+from conftest import assert_same_learner, assert_train_refused, fleetrl_env, killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SHORT = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress", "--learning-starts", "1000", "--buffer-size", "2000"]
@@ -156,26 +154,16 @@ def test_sigterm_checkpoints_the_resumed_run_ends_bit_identical_and_eval_plays_t
     assert whole.returncode == 0, whole.stderr[-3000:]
 
     stopped = tmp_path / "stopped"
-    proc = subprocess.Popen([sys.executable, "-m", "fleetrl", *train, "--run-dir", str(stopped)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=fleetrl_env(1), start_new_session=True)
-    try:
-        deadline = time.time() + 200
-        while not checkpoint.list_checkpoints(stopped) and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.05)
+    proc = start_fleetrl_group(*train, "--run-dir", str(stopped))
+    with killed_on_exit(proc):
+        wait_for_checkpoint(proc, stopped, 500)
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0 and "stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
-    assert 500 <= int(checkpoint.load_checkpoint(stopped)["global_step"]) < 5000
+    assert int(checkpoint.load_checkpoint(stopped)["global_step"]) < 5000
     resumed = run_fleetrl(*train, "--resume", "auto", "--run-dir", str(stopped), timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped)
-    assert a["global_step"] == b["global_step"] == 5000
-    for net in ("q_network", "target_network"):
-        for key in a[net]:
-            assert torch.equal(a[net][key], b[net][key]), f"{net}.{key} differs"
+    assert_same_learner(checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped), ("q_network", "target_network"))
     assert [p.step for p in read_scalars(stopped, "charts/beta")] == list(range(100, 5001, 100)), "every iteration logged once"
 
     # eval: greedy on the mean weights, the same returns for a seed (on CartPole: the same spaces, and episodes that end)
