@@ -3,6 +3,7 @@ costs every process 1.4 s of CPU at its start: fleetrl/optim.py)."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
@@ -56,6 +57,69 @@ def test_sgd_steps_as_torchs():
     assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
 
 
+def _pqn_net() -> torch.nn.Module:
+    from fleetrl.nets import layernorm_mlp
+
+    torch.manual_seed(0)
+    return layernorm_mlp(4, 2)  # PQN's 120-84 LayerNorm MLP, its 7 tensors
+
+
+def _pqn_updates(net, optimizer, steps: int, seed: int) -> None:
+    """PQN's update as pqn.py runs it: zero_grad, backward, clip_grad_norm_ (in place on .grad), an annealed lr, step."""
+    generator = torch.Generator().manual_seed(seed)
+    for i in range(steps):
+        optimizer.param_groups[0]["lr"] = 2.5e-4 * (1 - i / steps)
+        obs, returns = torch.randn(128, 4, generator=generator) * 3, torch.randn(128, generator=generator) * 10
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(returns, net(obs)[:, 0]).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
+        optimizer.step()
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_radam_steps_bit_for_bit_as_torchs_over_its_flat_buffer_and_their_state_dicts_load_into_each_other():
+    ours, theirs = _pqn_net(), _pqn_net()
+    ours_opt = optim.RAdam(ours.parameters(), lr=2.5e-4)
+    theirs_opt = torch.optim.RAdam(theirs.parameters(), lr=2.5e-4)
+    _pqn_updates(ours, ours_opt, 60, seed=1)  # past step 5, where RAdam's rectified branch starts
+    _pqn_updates(theirs, theirs_opt, 60, seed=1)
+    assert _same(ours, theirs)
+    # the parameters and gradients are views of one buffer each, and a module copy of the weights still works
+    assert ours[0].weight.grad.data_ptr() == ours_opt._flat_grad.data_ptr()
+    assert ours[0].weight.data_ptr() == ours_opt._flat_param.data_ptr()
+
+    # a checkpoint's optimizer state moves either way (through torch.save) and training goes on identically
+    def saved(obj):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=True)
+
+    resumed_ours, resumed_theirs = _pqn_net(), _pqn_net()
+    resumed_ours.load_state_dict(saved(theirs.state_dict()))
+    resumed_theirs.load_state_dict(saved(ours.state_dict()))
+    ours_again = optim.RAdam(resumed_ours.parameters(), lr=2.5e-4)
+    theirs_again = torch.optim.RAdam(resumed_theirs.parameters(), lr=2.5e-4)
+    ours_again.load_state_dict(saved(theirs_opt.state_dict()))
+    theirs_again.load_state_dict(saved(ours_opt.state_dict()))
+    assert ours_again.state[resumed_ours[0].weight]["exp_avg"].data_ptr() == ours_again._exp_avg.data_ptr()
+    for net, opt in ((resumed_ours, ours_again), (resumed_theirs, theirs_again), (ours, ours_opt), (theirs, theirs_opt)):
+        _pqn_updates(net, opt, 10, seed=2)
+    assert _same(resumed_ours, resumed_theirs) and _same(resumed_ours, theirs) and _same(ours, theirs)
+
+
+def test_radam_refuses_what_its_flat_step_does_not_do():
+    with pytest.raises(ValueError, match="one parameter group"):
+        optim.RAdam([{"params": [torch.nn.Parameter(torch.zeros(2))]}, {"params": [torch.nn.Parameter(torch.zeros(2))]}])
+    opt = optim.RAdam([torch.nn.Parameter(torch.zeros(2))])
+    opt.param_groups[0]["weight_decay"] = 0.1
+    with pytest.raises(ValueError, match="weight decay"):
+        opt.step()
+
+
 @pytest.mark.parametrize("algo, flags", [
     # a CNN at fp32 has a memory format to measure on every CPU (an MLP's only choice, bf16, exists only where the CPU
     # runs bf16 natively), so PPO's precision probe trains here on any host
@@ -63,6 +127,7 @@ def test_sgd_steps_as_torchs():
                          "--update-epochs", "1", "--total-timesteps", "32", "--precision", "fp32"], id="ppo-cnn-precision-probe"),
     pytest.param("ppo", ["--env-id", "CartPole-v1", "--total-timesteps", "512"], id="ppo-mlp"),
     pytest.param("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "500"], id="dqn"),
+    pytest.param("pqn", ["--env-id", "CartPole-v1", "--total-timesteps", "512"], id="pqn-radam"),
 ])
 def test_a_run_that_does_not_compile_never_imports_torch_dynamo(algo, flags, tmp_path):
     # in a fresh process with a fresh cache of measured settings, so PPO's precision probe trains too

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fleetrl import config
+from fleetrl import config, optim
 from fleetrl.accel import autocast, choose_accel
 from fleetrl.algos.ppo import minibatches
 from fleetrl.algos.source import train_main
@@ -229,7 +229,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
                              saved=run.remembered("accel"))
         run.remember(accel=accel.state())
         loss_fn = accel.compiled(td_loss, q_network, dist)  # torch.compile with --compile (eager if it fails), else td_loss
-        optimizer = torch.optim.RAdam(q_network.parameters(), lr=args.learning_rate)
+        optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate)  # torch's RAdam, bit for bit, in one flat step
         grad_sync = dist.gradient_sync(q_network.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=q_network, optimizer=optimizer)
         log = run.start_logging(envs, num_iterations, batch_size, notes={"precision": f"{accel.label}: {accel.reason}"})
