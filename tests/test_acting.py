@@ -165,10 +165,12 @@ def test_pqn_acts_from_its_layernorm_mlps_own_torch_functions_bit_for_bit_and_se
         assert q_values.dtype == np.float32
         np.testing.assert_array_equal(q_values, expected)
         np.testing.assert_array_equal(actor.value(obs), expected.max(1))
+        for got, want in zip(actor.greedy(obs) + reference.greedy(obs), (expected.argmax(1), expected.max(1)) * 2):
+            np.testing.assert_array_equal(got, want)  # PQN's acting: torch's argmax of the Q-values and the value there
         noise = rng.exponential(size=(2000, 3))
         for got, want in zip(actor.act(obs, np.ones_like(noise)) + actor.act(obs, noise),
                              reference.act(obs, np.ones_like(noise)) + reference.act(obs, noise)):
-            np.testing.assert_array_equal(got, want)  # greedy (PQN's draw) and Gumbel draws: actions, log-probs, values
+            np.testing.assert_array_equal(got, want)  # draws without and with Gumbel noise: actions, log-probs, values
         q_network.q_values(torch.as_tensor(obs[:64], dtype=torch.float32)).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()

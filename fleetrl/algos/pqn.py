@@ -169,8 +169,7 @@ def rollout(steps: Iterable[Due], epsilon: Callable[[np.ndarray], np.ndarray], e
     with ``--policy-lag 1``). ``env_steps``: each env's steps so far, which set its epsilon."""
     for due in steps:  # envs whose next action is due, with their observations and the sampler's noise for them
         env_steps[due.env_ids] += 1  # CleanRL's global_step += num_envs, before acting
-        # the greedy actions and values: without noise (all 1: no Gumbel perturbation) the sampler's categorical draw is the argmax
-        max_actions, _, values = due.actor.act(due.obs, np.ones_like(due.noise))
+        max_actions, values = due.actor.greedy(due.obs)  # CleanRL's argmax of the Q-values, and the Q-value there
         uniform = np.exp(-due.noise)  # the sampler's Exp(1) draws as uniforms in (0, 1]: its RNG, checkpointed
         random_actions = np.minimum(uniform[:, -1] * num_actions, num_actions - 1).astype(np.int64)
         explore = uniform[:, 0] < epsilon(env_steps[due.env_ids])

@@ -115,6 +115,13 @@ class TorchActor(_Sampling):
         action, logprob = sample(host[:, :-1], logstd, self.noise(len(obs)) if noise is None else noise)
         return (action, logprob, host[:, -1]) if state is None else (action, logprob, host[:, -1], state)
 
+    def greedy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The greedy actions (the argmax of the actor's output: PQN's Q-values) and the values of ``obs``."""
+        with torch.inference_mode():
+            out, value = self.agent(self._tensor(obs))
+            host = torch.cat([out, value[:, None]], 1).cpu().numpy()
+        return host[:, :-1].argmax(-1), host[:, -1]
+
     def value(self, obs: np.ndarray, state: np.ndarray | None = None, starts: np.ndarray | None = None) -> np.ndarray:
         with torch.inference_mode():
             if state is None:
@@ -228,6 +235,13 @@ class QValueActor(_Sampling):
         q_values = self.q_values(obs)
         action, logprob = sample(q_values, None, self.noise(len(obs)) if noise is None else noise)
         return action, logprob, q_values.max(-1)
+
+    def greedy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The greedy actions and their Q-values (the values): :meth:`act` without the draw, which is most of its
+        numpy work at CartPole sizes."""
+        q_values = self.q_values(obs)
+        actions = q_values.argmax(-1)
+        return actions, q_values[np.arange(len(q_values)), actions]
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self.q_values(obs).max(-1)

@@ -81,6 +81,11 @@ class TimedActor:
         with self._timer.inference:
             return self._actor.value(obs) if state is None else self._actor.value(obs, state, starts)
 
+    def greedy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The greedy actions and values of ``obs`` (an agent acting from Q-values: PQN's), without a draw."""
+        with self._timer.inference:
+            return self._actor.greedy(obs)
+
 
 class Due:
     """Envs whose next action is due, as the rollout loop sees them: their ids, observations (normalised where
