@@ -19,7 +19,7 @@ A = TypeVar("A")
 FAMILY_WORDS = {"classic": "classic-control (discrete-action)", "atari": "Atari", "mujoco": "continuous-action (MuJoCo-style)",
                 "procgen": "Procgen"}
 FAMILY_ALGOS = {"classic": "`fleetrl train ppo` or `fleetrl train dqn`", "atari": "`fleetrl train ppo` or `fleetrl train dqn`",
-                "mujoco": "`fleetrl train sac`, `td3` or `ppo`", "procgen": "`fleetrl train ppo`"}
+                "mujoco": "`fleetrl train sac`, `td3`, `ddpg` or `ppo`", "procgen": "`fleetrl train ppo`"}
 
 
 def apply_family_defaults(args: A, table: dict[str, dict[str, Any]], family: str, algo: str = "") -> A:

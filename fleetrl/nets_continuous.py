@@ -66,11 +66,16 @@ class TwinQNetwork(nn.Module):
 
 
 def twin_q_loss(qf: TwinQNetwork, obs: torch.Tensor, actions: torch.Tensor, next_q_value: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The critics' loss: each critic's mean squared TD error to ``next_q_value``, summed; with CleanRL's scalars."""
-    qf_a_values = qf(obs, actions)  # (2, B)
+    """The critics' loss: each critic's mean squared TD error to ``next_q_value``, summed; with CleanRL's scalars
+    (``qf1_*`` and ``qf2_*`` per critic, and ``qf_loss`` their mean, where there are two: DDPG's one critic has only
+    ``qf1_values`` and ``qf1_loss``). One critic's is ``F.mse_loss``'s value and gradient bit for bit."""
+    qf_a_values = qf(obs, actions)  # (critics, B)
     qf_losses = (qf_a_values - next_q_value).square().mean(1)
     qf_loss = qf_losses.sum()
     values = qf_a_values.detach().mean(1)
-    stats = {"qf1_values": values[0], "qf2_values": values[1], "qf1_loss": qf_losses[0].detach(),
-             "qf2_loss": qf_losses[1].detach(), "qf_loss": qf_loss.detach() / 2.0}
+    stats = {}
+    for i in range(len(qf_losses)):
+        stats[f"qf{i + 1}_values"], stats[f"qf{i + 1}_loss"] = values[i], qf_losses[i].detach()
+    if len(qf_losses) > 1:
+        stats["qf_loss"] = qf_loss.detach() / len(qf_losses)
     return qf_loss, stats

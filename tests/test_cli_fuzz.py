@@ -1,5 +1,5 @@
 """Fuzzed command lines: random and boundary values (0, negatives, NaN, inf, huge numbers, empty strings,
-unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, dqn, pqn, sac, td3), `eval`, `bench-env`,
+unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, dqn, pqn, sac, td3, ddpg), `eval`, `bench-env`,
 `benchmark`, `tune`, `plot`, `compare` and `preflight`.
 
 Two properties per command:
@@ -258,12 +258,15 @@ SAC_RANGES = {
     "--target-network-frequency": (ints, whole(1)),
     "--alpha": (floats, NON_NEGATIVE),
 }
-TD3_RANGES = {
+DDPG_RANGES = {
     **OFFPOLICY_RANGES,
     "--learning-rate": (floats, POSITIVE),
-    "--policy-noise": (floats, NON_NEGATIVE),
     "--exploration-noise": (floats, NON_NEGATIVE),
     "--policy-frequency": (ints, whole(1)),
+}
+TD3_RANGES = {
+    **DDPG_RANGES,
+    "--policy-noise": (floats, NON_NEGATIVE),
     "--noise-clip": (floats, NON_NEGATIVE),
 }
 PQN_RANGES = {
@@ -321,6 +324,7 @@ def engine_sentinels(monkeypatch):
     import fleetrl.algos.ppo as ppo
     import fleetrl.algos.pqn as pqn
     import fleetrl.algos.sac as sac
+    import fleetrl.algos.ddpg as ddpg  # trains in td3.train
     import fleetrl.algos.td3 as td3
     import fleetrl.monitor.trainlog as trainlog
     import fleetrl.offpolicy as offpolicy
@@ -402,6 +406,7 @@ ALGOS = {
     "pqn": ("CartPole-v1", train_sizes, PQN_RANGES, TRAIN_ACROSS),
     "sac": ("Pendulum-v1", offpolicy_sizes, SAC_RANGES, OFFPOLICY_ACROSS),
     "td3": ("Pendulum-v1", offpolicy_sizes, TD3_RANGES, OFFPOLICY_ACROSS),
+    "ddpg": ("Pendulum-v1", offpolicy_sizes, DDPG_RANGES, OFFPOLICY_ACROSS),
 }
 
 
@@ -430,7 +435,7 @@ def test_train_refuses_every_number_out_of_its_range_and_starts_with_the_others(
     check_train_numbers("ppo", sizes, numbers)
 
 
-@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3"])
+@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg"])
 def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_the_others(algo, engine_sentinels):
     _, sizes, ranges, _ = ALGOS[algo]
 
@@ -444,7 +449,7 @@ def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_th
 
 @st.composite
 def train_junk(draw) -> tuple[list[str], str | None]:
-    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3"]))
+    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg"]))
     env_id, sizes, ranges, _ = ALGOS[algo]
     run_dir = draw(st.sampled_from(["run", "run", "nested/deeper/run", "", ".", None]))
     argv = ["train", algo, *(["--run-dir", run_dir] if run_dir is not None else [])]

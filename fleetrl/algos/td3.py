@@ -17,6 +17,7 @@ Differences from CleanRL, each on purpose:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,19 +37,25 @@ from fleetrl.run import Run
 
 # ============================================================================ arguments
 @dataclass
-class Args(OffPolicyArgs):
-    exp_name: str = "td3"
-    """the name of this experiment"""
+class DeterministicArgs(OffPolicyArgs):
+    """The flags TD3 shares with DDPG (fleetrl/algos/ddpg.py), CleanRL's names and defaults for both."""
+
     env_id: str = "Hopper-v5"
     """the id of the environment (a Box action space; `module.path:EnvId-v0` imports your module first)"""
     learning_rate: float = 3e-4
     """the learning rate of the actor's and the critics' optimizers"""
-    policy_noise: float = 0.2
-    """the std of the noise added to the target policy's actions (target policy smoothing), in half action ranges"""
     exploration_noise: float = 0.1
     """the std of the Gaussian noise added to the actor's actions while training, in half action ranges"""
     policy_frequency: int = 2
     """update the actor and the target networks every this many steps (delayed policy updates)"""
+
+
+@dataclass
+class Args(DeterministicArgs):
+    exp_name: str = "td3"
+    """the name of this experiment"""
+    policy_noise: float = 0.2
+    """the std of the noise added to the target policy's actions (target policy smoothing), in half action ranges"""
     noise_clip: float = 0.5
     """the bound of the target policy smoothing noise, in half action ranges"""
 
@@ -57,19 +64,22 @@ FAMILY_DEFAULTS = {  # CleanRL's td3_continuous_action.py; continuous control on
     "mujoco": dict(total_timesteps=1_000_000, num_envs=1, buffer_size=1_000_000, tau=0.005, batch_size=256, learning_starts=25_000),
 }
 
-RANGES = {
+DETERMINISTIC_RANGES = {  # DDPG's too
     **OFFPOLICY_RANGES,
     "learning_rate": config.positive("the optimizers' step size", config.COEF_MAX),
-    "policy_noise": config.non_negative("the std of the target policy's smoothing noise, in half action ranges", config.COEF_MAX),
     "exploration_noise": config.non_negative("the std of the exploration noise, in half action ranges", config.COEF_MAX),
     "policy_frequency": config.count("steps between policy and target updates"),
+}
+RANGES = {
+    **DETERMINISTIC_RANGES,
+    "policy_noise": config.non_negative("the std of the target policy's smoothing noise, in half action ranges", config.COEF_MAX),
     "noise_clip": config.non_negative("the bound of the target policy's smoothing noise", config.COEF_MAX),
 }
 
 
-def validate(args: Args, world_size: int = 1) -> None:
+def validate(args: Args, world_size: int = 1, ranges: dict = RANGES) -> None:
     """Refuse a configuration that cannot run, before anything starts."""
-    validate_offpolicy(args, world_size, RANGES)
+    validate_offpolicy(args, world_size, ranges)
 
 
 # ============================================================================ networks
@@ -95,18 +105,35 @@ class Actor(nn.Module):
         return actions
 
 
+# ============================================================================ the critics' target
+def td3_target(args: Args, target_actor: Actor, qf_target: TwinQNetwork, data, low_t: torch.Tensor,
+               high_t: torch.Tensor) -> torch.Tensor:
+    """The TD target: the target actor's action plus clipped noise (target policy smoothing), within the bounds, and
+    the lesser of the twin target critics' values of it (clipped double Q)."""
+    clipped_noise = (torch.randn_like(data.actions) * args.policy_noise).clamp(
+        -args.noise_clip, args.noise_clip
+    ) * target_actor.action_scale
+    next_state_actions = (target_actor(data.next_obs) + clipped_noise).clamp(low_t, high_t)
+    min_qf_next_target = qf_target(data.next_obs, next_state_actions).min(0).values
+    return data.rewards + (1 - data.dones) * args.gamma * min_qf_next_target
+
+
 # ============================================================================ training
-def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
-    """Train TD3, in one process or under torchrun; ``explicit``: the flags given (they win over a resumed run's)."""
+def train(args: Args, explicit: set[str] | None = None, *, algo: str = "td3", family_defaults: dict = FAMILY_DEFAULTS,
+          validate: Callable = validate, num_critics: int = 2, target: Callable = td3_target) -> TrainResult:
+    """Train TD3, in one process or under torchrun; ``explicit``: the flags given (they win over a resumed run's).
+
+    DDPG (fleetrl/algos/ddpg.py) trains here too, with its own ``algo``, ``family_defaults`` and ``validate``, one
+    critic (``num_critics``) and its ``target`` (the TD target, from the batch and the target networks)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
-    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="td3", wide_network=True) as run:
+    with Run.start(args, explicit, family_defaults, validate, algo=algo, wide_network=True) as run:
         args, dist, device = run.args, run.dist, run.device
         envs = run.make_envs()  # this rank's envs; discrete actions were refused here
         low, high = envs.single_action_space.low, envs.single_action_space.high
 
         actor = Actor(envs, args.exploration_noise).to(device)
-        qf = TwinQNetwork(envs).to(device)  # qf1 and qf2
+        qf = TwinQNetwork(envs, num_critics=num_critics).to(device)  # qf1 and qf2 (DDPG: qf1)
         dist.broadcast_parameters(actor)  # every replica starts from rank 0's parameters
         dist.broadcast_parameters(qf)
         target_actor, qf_target = copy.deepcopy(actor), copy.deepcopy(qf)
@@ -126,12 +153,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         def update(data, step: int) -> dict[str, torch.Tensor]:
             """One critic update; every --policy-frequency steps one actor update and the targets."""
             with torch.no_grad():
-                clipped_noise = (torch.randn_like(data.actions) * args.policy_noise).clamp(
-                    -args.noise_clip, args.noise_clip
-                ) * target_actor.action_scale
-                next_state_actions = (target_actor(data.next_obs) + clipped_noise).clamp(low_t, high_t)
-                min_qf_next_target = qf_target(data.next_obs, next_state_actions).min(0).values
-                next_q_value = data.rewards + (1 - data.dones) * args.gamma * min_qf_next_target
+                next_q_value = target(args, target_actor, qf_target, data, low_t, high_t)
             qf_loss, stats = twin_q_loss(qf, data.obs, data.actions, next_q_value)
 
             optimizer_step(q_optimizer, q_sync, qf_loss)  # optimize the model (gradients averaged over ranks)

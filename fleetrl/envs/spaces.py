@@ -14,9 +14,9 @@ import gymnasium as gym
 
 from fleetrl.errors import UnsupportedSpaceError
 
-SUPPORTED_ACTIONS = {"ppo": ("Discrete", "Box"), "dqn": ("Discrete",), "c51": ("Discrete",), "rainbow": ("Discrete",), "sac": ("Box",), "td3": ("Box",)}
+SUPPORTED_ACTIONS = {"ppo": ("Discrete", "Box"), "dqn": ("Discrete",), "c51": ("Discrete",), "rainbow": ("Discrete",), "sac": ("Box",), "td3": ("Box",), "ddpg": ("Box",)}
 # which algorithm to use instead, when the action space is one fleetrl trains with another algorithm
-_OTHER_ALGOS = {"Discrete": "`fleetrl train ppo` or `fleetrl train dqn`", "Box": "`fleetrl train ppo`, `sac` or `td3`"}
+_OTHER_ALGOS = {"Discrete": "`fleetrl train ppo` or `fleetrl train dqn`", "Box": "`fleetrl train ppo`, `sac`, `td3` or `ddpg`"}
 
 # how to train an env whose action space is not supported, by the space's class name
 _ACTION_HINTS = {

@@ -37,7 +37,8 @@ def template(algo: str, name: str, today: datetime.date | None = None, path: str
     """The text of ``name``.py: the built-in ``algo``'s file with its names changed to ``name``. ``path``: where it is
     written, as the user gave it (the header's commands name it) [``name``.py]."""
     source = Path(importlib.util.find_spec(f"fleetrl.algos.{algo}").origin).read_text()
-    named = '*, algo: str = "{}",' if algo == "ppo" else 'algo="{}"'  # the name its run passes to Run.start
+    # the name its run passes to Run.start: a keyword of ppo's and td3's train (ppo_lstm and ddpg train through them)
+    named = '*, algo: str = "{}",' if algo in ("ppo", "td3") else 'algo="{}"'
     renames = [  # each must match exactly once, or the built-in changed and this must follow it
         ('    exp_name: str = "{}"\n'.format(algo), '    exp_name: str = "{}"\n'.format(name)),
         (named.format(algo), named.format(name)),
