@@ -64,9 +64,15 @@ def learning_starts(run: Any) -> int:
 
 @torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """Polyak averaging: target <- tau * source + (1 - tau) * target."""
-    for target_param, param in zip(target.parameters(), source.parameters()):
-        target_param.lerp_(param, tau)
+    """Polyak averaging: target <- tau * source + (1 - tau) * target, CleanRL's arithmetic in three for-each calls.
+
+    CleanRL writes ``target_param.data.copy_(tau * param.data + (1 - tau) * target_param.data)``; the same elementwise
+    products and sum over all parameters at once give its bits (``lerp_``, used before, rounds differently, so TD3's and
+    DDPG's lockstep with CleanRL parted at the first soft update), and tau 1 copies exactly (DQN's target copy)."""
+    targets = list(target.parameters())
+    mixed = torch._foreach_mul(list(source.parameters()), tau)
+    torch._foreach_add_(mixed, torch._foreach_mul(targets, 1 - tau))
+    torch._foreach_copy_(targets, mixed)
 
 
 def uniform_actions(action_space: gym.spaces.Box, num_envs: int) -> np.ndarray:

@@ -100,8 +100,8 @@ class Actor(nn.Module):
     def act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
         """The policy interface (fleetrl/policy.py): the action, plus exploration noise unless deterministic (unclipped)."""
         actions = self(x)
-        if not deterministic:
-            actions += torch.randn_like(actions) * self.action_scale * self.exploration_noise
+        if not deterministic:  # CleanRL's torch.normal(0, action_scale * exploration_noise), bit for bit, for each env
+            actions += torch.randn_like(actions) * (self.action_scale * self.exploration_noise)
         return actions
 
 
@@ -174,11 +174,10 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "td3", fa
         for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) finished on this rank
             for _ in range(STEPS_PER_ITERATION):
-                global_step += args.num_envs  # all ranks' envs
-
-                # ALGO LOGIC: put action logic here
+                # ALGO LOGIC: put action logic here. global_step counts the env steps taken before this one (all envs
+                # of all ranks), as CleanRL's loop variable: warm-up below --learning-starts, updates after it
                 with log.timer.inference:
-                    if global_step <= args.learning_starts:
+                    if global_step < args.learning_starts:
                         actions = uniform_actions(envs.single_action_space, run.local_num_envs)
                     else:
                         with torch.inference_mode():  # the actor's action plus Gaussian exploration noise, clipped
@@ -186,12 +185,13 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "td3", fa
                             actions = actions.cpu().numpy().clip(low, high)
 
                 # TRY NOT TO MODIFY: execute the game, save data to the replay buffer, record finished episodes
-                obs = step_envs(envs, rb, obs, actions, global_step, episodes, log.timer)
+                obs = step_envs(envs, rb, obs, actions, global_step + args.num_envs, episodes, log.timer)  # logged at the steps done
 
                 # ALGO LOGIC: training.
                 if global_step > learn_from:
                     with log.timer.learn:
                         losses.update(update(rb.sample(local_batch_size), global_step // args.num_envs))
+                global_step += args.num_envs
 
             run.end_iteration(iteration, global_step, episodes, losses=losses)
         return run.finish(nn.ModuleDict(dict(actor=actor, qf=qf)))  # under torchrun: replicas checked bit-identical
