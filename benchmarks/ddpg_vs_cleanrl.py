@@ -71,40 +71,14 @@ def plain_ddpg(env_id: str, steps: int, learning_starts: int, seed: int = 1, arg
                fleetrl_draws: bool = False, copied_targets: bool = False, fused_adam: bool = False) -> Trace:
     """CleanRL's ddpg_continuous_action.py loop for ``steps`` env steps, with the switches above."""
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
     import torch.optim as optim
 
     import plain_offpolicy
-    from plain_offpolicy import ReplayBuffer, _register_action_rescaling, _seed, make_envs
+    from plain_offpolicy import ReplayBuffer, _seed, _soft_update, make_envs
 
-    class QNetwork(nn.Module):
-        def __init__(self, env):
-            super().__init__()
-            self.fc1 = nn.Linear(np.array(env.single_observation_space.shape).prod() + np.prod(env.single_action_space.shape), 256)
-            self.fc2 = nn.Linear(256, 256)
-            self.fc3 = nn.Linear(256, 1)
-
-        def forward(self, x, a):
-            x = torch.cat([x, a], 1)
-            x = F.relu(self.fc1(x))
-            x = F.relu(self.fc2(x))
-            x = self.fc3(x)
-            return x
-
-    class Actor(nn.Module):
-        def __init__(self, env):
-            super().__init__()
-            self.fc1 = nn.Linear(np.array(env.single_observation_space.shape).prod(), 256)
-            self.fc2 = nn.Linear(256, 256)
-            self.fc_mu = nn.Linear(256, np.prod(env.single_action_space.shape))
-            _register_action_rescaling(self, env)  # action rescaling
-
-        def forward(self, x):
-            x = F.relu(self.fc1(x))
-            x = F.relu(self.fc2(x))
-            x = torch.tanh(self.fc_mu(x))
-            return x * self.action_scale + self.action_bias
+    sys.path.insert(0, os.path.join(HERE, "cleanrl"))
+    from ddpg_continuous_action import Actor, QNetwork  # CleanRL's networks, from its file (benchmarks/cleanrl/)
 
     trace = Trace() if trace is None else trace
     _seed(seed)
@@ -177,11 +151,8 @@ def plain_ddpg(env_id: str, steps: int, learning_starts: int, seed: int = 1, arg
                 actor_loss.backward()
                 actor_optimizer.step()
 
-                # update the target network
-                for param, target_param in zip(actor.parameters(), target_actor.parameters()):
-                    target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
-                for param, target_param in zip(qf1.parameters(), qf1_target.parameters()):
-                    target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
+                # update the target network (CleanRL's loop over the parameters: plain_offpolicy._soft_update)
+                _soft_update(args.tau, (actor, target_actor), (qf1, qf1_target))
                 trace.target_steps.append(global_step)
 
     envs.close()
@@ -251,7 +222,9 @@ def compare(ours: Trace, theirs: Trace) -> dict[str, str]:
         else:
             verdicts[name] = f"fleetrl {len(mine):,}, cleanrl {len(other):,}, first differ at index {first}"
     keys = sorted(theirs.final_params)
-    same = set(ours.final_params) == set(keys) and all(np.array_equal(ours.final_params[k].numpy(), theirs.final_params[k].numpy()) for k in keys)
+    # raveled: CleanRL's action_scale and action_bias come from the vector env's (1, A) bounds, fleetrl's from one env's (A,)
+    same = set(ours.final_params) == set(keys) and all(np.array_equal(ours.final_params[k].numpy().ravel(), theirs.final_params[k].numpy().ravel())
+                                                       for k in keys)
     verdicts["final parameters"] = "identical" if same else f"differ ({sorted(set(ours.final_params) ^ set(keys))[:4]} unmatched)"
     return verdicts
 

@@ -50,6 +50,13 @@ CHECKS = {
 RUN_TIMEOUT_S = 600
 
 
+def evaluate(run_dir, episodes: int, *flags: str) -> dict:
+    """`fleetrl eval RUN --json`'s result."""
+    proc = run_fleetrl("eval", str(run_dir), "--episodes", str(episodes), "--json", *flags, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def learning_runs(tmp_path_factory):
     """Every check's run, two at a time (a torch thread each), the next starting as soon as one ends:
@@ -106,13 +113,7 @@ def test_eval_runs_the_trained_sac_policy_deterministically_as_well_as_it_sample
     # training's returns carry SAC's sampling noise and its earlier, weaker policies: training stopped at a rolling 320
     # here, while the final policy's mean action scores 1000 (the episode's cap) over 3 episodes, as do its samples
     run_dir = learning_runs["sac"][0]
-
-    def evaluate(*flags):
-        proc = run_fleetrl("eval", str(run_dir), "--episodes", "3", "--json", *flags, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    deterministic, sampled = evaluate(), evaluate("--stochastic")
+    deterministic, sampled = evaluate(run_dir, 3), evaluate(run_dir, 3, "--stochastic")
     assert deterministic["episodes"] == sampled["episodes"] == 3
     assert deterministic["mean_return"] >= sampled["mean_return"], (deterministic, sampled)
     trained = best_rolling_mean([p.value for p in read_scalars(run_dir, "charts/episodic_return")], 10)
@@ -123,12 +124,7 @@ def test_eval_runs_the_trained_sac_policy_deterministically_as_well_as_it_sample
 def test_eval_plays_the_trained_ddpg_actor_deterministically_and_repeatably_and_stochastic_explores(learning_runs):
     # InvertedPendulum, seed 1: the final actor of the run that reached 100 plays 61 in each of 3 episodes (a random
     # policy: 5.1); --stochastic adds its exploration noise, so the episodes differ
-    def evaluate(*flags):
-        proc = run_fleetrl("eval", str(learning_runs["ddpg"][0]), "--episodes", "3", "--json", *flags, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    deterministic, again, stochastic = evaluate(), evaluate(), evaluate("--stochastic")
+    deterministic, again, stochastic = (evaluate(learning_runs["ddpg"][0], 3, *flags) for flags in ([], [], ["--stochastic"]))
     assert again["returns"] == deterministic["returns"], "the deterministic actor plays the same episodes from the same seed"
     assert deterministic["mean_return"] >= 25, deterministic  # 5x a random policy
     assert stochastic["returns"] != deterministic["returns"], "--stochastic must add the exploration noise"
@@ -138,12 +134,7 @@ def test_eval_plays_the_trained_ddpg_actor_deterministically_and_repeatably_and_
 def test_eval_plays_the_trained_dqn_greedy_repeatably_and_stochastic_explores(learning_runs):
     # CartPole, seed 1: the greedy policy that reached 150 in training (epsilon 0.05) plays 239 over 5 episodes;
     # --stochastic explores at the run's final epsilon, so the same seed's episodes end elsewhere (237)
-    def evaluate(*flags):
-        proc = run_fleetrl("eval", str(learning_runs["dqn"][0]), "--episodes", "5", "--json", *flags, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    greedy, again, stochastic = evaluate(), evaluate(), evaluate("--stochastic")
+    greedy, again, stochastic = (evaluate(learning_runs["dqn"][0], 5, *flags) for flags in ([], [], ["--stochastic"]))
     assert greedy["episodes"] == 5 and greedy["mean_return"] >= CHECKS["dqn"][2], greedy
     assert again["returns"] == greedy["returns"], "a greedy policy plays the same episodes from the same seed"
     assert stochastic["returns"] != greedy["returns"], "--stochastic must take exploring actions"
