@@ -139,17 +139,20 @@ def python_in_a_clone_named_fleetrl(tmp_path: Path) -> str:
     return str(venv / Path(sys.executable).relative_to(sys.prefix))
 
 
-def assert_same_learner(a: dict, b: dict, networks: tuple[str, ...] = ("model",)) -> None:
-    """Two checkpoints hold the same learner, bit for bit: step, the tensors of each of ``networks`` and Adam's state."""
+def assert_same_learner(a: dict, b: dict, networks: tuple[str, ...] = ("model",), optimizers: tuple[str, ...] = ("optimizer",)) -> None:
+    """Two checkpoints hold the same learner, bit for bit: step, the tensors of each of ``networks`` and the state of
+    each of ``optimizers`` (Adam's moments and steps)."""
     import torch
 
     assert a["global_step"] == b["global_step"]
     for net in networks:
         for key in a[net]:
             assert torch.equal(a[net][key], b[net][key]), f"{net} tensor {key} differs"
-    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
-        for name in va:
-            assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"optimizer state {ka}.{name} differs"
+    for optimizer in optimizers:
+        assert len(a[optimizer]["state"]) == len(b[optimizer]["state"]) > 0, optimizer
+        for (ka, va), (kb, vb) in zip(a[optimizer]["state"].items(), b[optimizer]["state"].items()):
+            for name in va:
+                assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), f"{optimizer} state {ka}.{name} differs"
 
 
 from typing import NoReturn  # noqa: E402

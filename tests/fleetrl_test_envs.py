@@ -186,6 +186,21 @@ class StatelessEnv(gym.Env):
 
 
 gym.register("Stateless-v0", entry_point=StatelessEnv)
+
+
+class StatelessBoxEnv(StatelessEnv):
+    """:class:`StatelessEnv` with continuous actions in [-1, 1]^2, rewarded for being near (0.5, -0.5): the exact
+    resume of DDPG and TD3."""
+
+    def __init__(self):
+        super().__init__()
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def step(self, action):
+        return self.obs.copy(), -float(np.square(np.asarray(action) - (0.5, -0.5)).sum()), False, False, {}
+
+
+gym.register("StatelessBox-v0", entry_point=StatelessBoxEnv)
 gym.register("SlowStateless-v0", entry_point=StatelessEnv, kwargs={"delay": 0.005})
 
 
