@@ -29,14 +29,15 @@ def best_rolling_mean(values, window):
 # A random policy scores 22.7 on CartPole-v1 and CartPoleNoVel-v1, and 5.1 on InvertedPendulum-v5 (200 episodes each).
 # Longest first: the fixture starts them in this order, two at a time.
 CHECKS = {
-    # DDPG, TD3's settings: 100 at 21.8k in 2 min on one core (one critic and no target smoothing learn more slowly and less steadily)
-    "ddpg": (["ddpg", *PENDULUM, "--learning-starts", "5000"], 30_000, 100),
     # SAC learning from 1k with minibatches of 128 (CleanRL: 5k and 256): 300 at 13k in 85 s on one core, where
     # CleanRL's defaults took 17k and 150 s (it needs about 12k updates either way; a 128 update costs half)
     "sac": (["sac", *PENDULUM, "--learning-starts", "1000", "--batch-size", "128"], 30_000, 300),
     # TD3 learning from 5k instead of CleanRL's 25k: 100, 20x a random policy, at 12k; it climbs slowly from there
     # (200 at 32k), so the bar asks for learning, not for the solve (950 in benchmarks/learning_budgets.py)
     "td3": (["td3", *PENDULUM, "--learning-starts", "5000"], 25_000, 100),
+    # DDPG, TD3's settings: 75, 15x a random policy, at 7.7k (measured after its lockstep with CleanRL's loop); one
+    # critic without target smoothing then hovers below 100 (its best rolling mean within 40k: 96.3)
+    "ddpg": (["ddpg", *PENDULUM, "--learning-starts", "5000"], 20_000, 75),
     # DQN with a 40k budget (its epsilon falls over 20k steps, learning from step 10k): 150 at 24k
     "dqn": (["dqn", "--env-id", "CartPole-v1"], 40_000, 150),
     # the memory check: CartPoleNoVel-v1 hides the velocities; memoryless PPO stays near 50 (benchmarks/lstm_memory.py).
@@ -122,8 +123,8 @@ def test_eval_runs_the_trained_sac_policy_deterministically_as_well_as_it_sample
 
 @pytest.mark.timeout(1800)
 def test_eval_plays_the_trained_ddpg_actor_deterministically_and_repeatably_and_stochastic_explores(learning_runs):
-    # InvertedPendulum, seed 1: the final actor of the run that reached 100 plays 61 in each of 3 episodes (a random
-    # policy: 5.1); --stochastic adds its exploration noise, so the episodes differ
+    # InvertedPendulum, seed 1: the final actor of the run that reached 75 plays 70, 67 and 69 (a random policy: 5.1);
+    # --stochastic adds its exploration noise, so the episodes differ
     deterministic, again, stochastic = (evaluate(learning_runs["ddpg"][0], 3, *flags) for flags in ([], [], ["--stochastic"]))
     assert again["returns"] == deterministic["returns"], "the deterministic actor plays the same episodes from the same seed"
     assert deterministic["mean_return"] >= 25, deterministic  # 5x a random policy
