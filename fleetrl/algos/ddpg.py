@@ -14,9 +14,9 @@ Differences from CleanRL, each on purpose, and the same as TD3's:
   and never uses them); the actor's gradients are the same;
 * the target networks are copies of the networks (CleanRL builds two more and loads the weights: the same weights,
   but it draws torch's RNG for their discarded initial ones);
-* exploration noise is drawn for each env as ``randn * action_scale * exploration_noise`` (CleanRL:
-  ``torch.normal(0, action_scale * exploration_noise)``, one vector for all envs), and warm-up actions come from the
-  run's numpy RNG (CleanRL: the action space's own, unseeded by the run);
+* exploration noise is drawn for each env (CleanRL's ``torch.normal(0, action_scale * exploration_noise)`` draws one
+  vector for all envs; with its one env the two are the same, bit for bit), and warm-up actions come from the run's
+  numpy RNG (CleanRL: the action space's own, unseeded by the run);
 * Adam is torch's fused kernel (CleanRL: the default for-each one);
 * under torchrun every rank has envs and a replay shard of its own, samples its share of --batch-size, and the
   critic and actor gradients are all-reduced before each step.
