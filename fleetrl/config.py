@@ -18,7 +18,7 @@ A = TypeVar("A")
 
 FAMILY_WORDS = {"classic": "classic-control (discrete-action)", "atari": "Atari", "mujoco": "continuous-action (MuJoCo-style)",
                 "procgen": "Procgen"}
-FAMILY_ALGOS = {"classic": "`fleetrl train ppo` or `fleetrl train dqn`", "atari": "`fleetrl train ppo` or `fleetrl train dqn`",
+FAMILY_ALGOS = {"classic": "`fleetrl train ppo`, `dqn` or `sac_discrete`", "atari": "`fleetrl train ppo`, `dqn` or `sac_discrete`",
                 "mujoco": "`fleetrl train sac`, `td3`, `ddpg` or `ppo`", "procgen": "`fleetrl train ppo`"}
 
 

@@ -8,6 +8,7 @@ They compute the same quantities (checked against torch.distributions in the tes
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,19 +26,29 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 
 
 
 def mlp(in_dim: int, out_dim: int, out_std: float = 1.0, hidden: tuple[int, ...] = (64, 64),
-        activation: type[nn.Module] = nn.Tanh, orthogonal: bool = True) -> nn.Sequential:
+        activation: type[nn.Module] = nn.Tanh, orthogonal: bool = True, init: Callable[[nn.Module], nn.Module] | None = None) -> nn.Sequential:
     """An MLP. ``orthogonal``: CleanRL's PPO initialisation, √2 gain inside and ``out_std`` on the last layer; else
     PyTorch's default, as CleanRL's dqn.py (the layers are made in order, so a seed gives CleanRL's weights). PPO's
-    activation is Tanh; DQN passes ``nn.ReLU``."""
+    activation is Tanh; DQN passes ``nn.ReLU``. ``init``: applied to each layer as it is made instead (discrete SAC's
+    :func:`kaiming_init`)."""
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [_initialised(nn.Linear(in_dim, width), math.sqrt(2), orthogonal), activation()]
+        layers += [_initialised(nn.Linear(in_dim, width), math.sqrt(2), orthogonal, init), activation()]
         in_dim = width
-    layers.append(_initialised(nn.Linear(in_dim, out_dim), out_std, orthogonal))
+    layers.append(_initialised(nn.Linear(in_dim, out_dim), out_std, orthogonal, init))
     return nn.Sequential(*layers)
 
 
-def _initialised(layer: nn.Module, std: float, orthogonal: bool) -> nn.Module:
+def kaiming_init(layer: nn.Module) -> nn.Module:
+    """Kaiming-normal weights and zero biases, as CleanRL's sac_atari.py initialises every layer."""
+    nn.init.kaiming_normal_(layer.weight)
+    nn.init.constant_(layer.bias, 0.0)
+    return layer
+
+
+def _initialised(layer: nn.Module, std: float, orthogonal: bool, init: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
+    if init is not None:
+        return init(layer)
     return layer_init(layer, std) if orthogonal else layer
 
 
@@ -53,16 +64,18 @@ def network_input(obs: np.ndarray) -> np.ndarray:
     return obs if obs.dtype == np.uint8 and obs.ndim == 4 else obs.astype(np.float32, copy=False)
 
 
-def nature_convs(in_channels: int, size: int = 84, orthogonal: bool = True) -> tuple[nn.Sequential, int]:
+def nature_convs(in_channels: int, size: int = 84, orthogonal: bool = True,
+                 init: Callable[[nn.Module], nn.Module] | None = None) -> tuple[nn.Sequential, int]:
     """The Nature CNN's three ReLU convolutions and the flatten (no scaling: the caller divides uint8 frames by 255),
-    and the width of their output (3136 for 84x84 frames). Rainbow's dueling heads start here; NatureCNN adds a layer."""
+    and the width of their output (3136 for 84x84 frames). Rainbow's dueling heads start here; NatureCNN adds a layer.
+    ``init``: as :func:`mlp`'s."""
     gain = math.sqrt(2)
     convs = nn.Sequential(
-        _initialised(nn.Conv2d(in_channels, 32, 8, stride=4), gain, orthogonal),
+        _initialised(nn.Conv2d(in_channels, 32, 8, stride=4), gain, orthogonal, init),
         nn.ReLU(),
-        _initialised(nn.Conv2d(32, 64, 4, stride=2), gain, orthogonal),
+        _initialised(nn.Conv2d(32, 64, 4, stride=2), gain, orthogonal, init),
         nn.ReLU(),
-        _initialised(nn.Conv2d(64, 64, 3, stride=1), gain, orthogonal),
+        _initialised(nn.Conv2d(64, 64, 3, stride=1), gain, orthogonal, init),
         nn.ReLU(),
         nn.Flatten(),
     )

@@ -21,7 +21,7 @@ from fleetrl.envs.vector import episode_stats
 from fleetrl.sampling.replay import ReplayBuffer, check_fits_in_memory
 
 __all__ = ["STEPS_PER_ITERATION", "learning_starts", "make_replay", "num_iterations", "optimizer_step", "soft_update", "step_envs",
-           "uniform_actions"]
+           "times_due", "uniform_actions"]
 
 
 def num_iterations(args: Any) -> int:
@@ -75,9 +75,17 @@ def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     torch._foreach_copy_(targets, mixed)
 
 
-def uniform_actions(action_space: gym.spaces.Box, num_envs: int) -> np.ndarray:
-    """Random exploration actions within the bounds, from numpy's global RNG (seeded and checkpointed by the run;
-    ``action_space.sample()`` has an RNG of its own that no one seeds)."""
+def times_due(global_step: int, steps: int, every: int) -> int:
+    """How many of the ``steps`` timesteps numbered from ``global_step`` on are multiples of ``every``: CleanRL's
+    ``global_step % every == 0`` when one env steps at a time, and the same number of updates per env step with more."""
+    return (global_step + steps - 1) // every - (global_step - 1) // every
+
+
+def uniform_actions(action_space: gym.spaces.Box | gym.spaces.Discrete, num_envs: int) -> np.ndarray:
+    """Random exploration actions within the bounds (or one of a Discrete space's actions), from numpy's global RNG
+    (seeded and checkpointed by the run; ``action_space.sample()`` has an RNG of its own that no one seeds)."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return action_space.start + np.random.randint(action_space.n, size=num_envs)
     low, high = action_space.low, action_space.high
     return np.random.uniform(low, high, (num_envs, *low.shape)).astype(action_space.dtype)
 

@@ -1,5 +1,5 @@
 """Fuzzed command lines: random and boundary values (0, negatives, NaN, inf, huge numbers, empty strings,
-unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, dqn, pqn, sac, td3, ddpg), `eval`, `bench-env`,
+unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, dqn, pqn, sac, td3, ddpg, sac_discrete), `eval`, `bench-env`,
 `benchmark`, `tune`, `plot`, `compare` and `preflight`.
 
 Two properties per command:
@@ -258,6 +258,15 @@ SAC_RANGES = {
     "--target-network-frequency": (ints, whole(1)),
     "--alpha": (floats, NON_NEGATIVE),
 }
+SAC_DISCRETE_RANGES = {
+    **OFFPOLICY_RANGES,
+    "--policy-lr": (floats, POSITIVE),
+    "--q-lr": (floats, POSITIVE),
+    "--update-frequency": (ints, whole(1)),
+    "--target-network-frequency": (ints, whole(1)),
+    "--alpha": (floats, NON_NEGATIVE),
+    "--target-entropy-scale": (floats, NON_NEGATIVE),
+}
 DDPG_RANGES = {
     **OFFPOLICY_RANGES,
     "--learning-rate": (floats, POSITIVE),
@@ -324,6 +333,7 @@ def engine_sentinels(monkeypatch):
     import fleetrl.algos.ppo as ppo
     import fleetrl.algos.pqn as pqn
     import fleetrl.algos.sac as sac
+    import fleetrl.algos.sac_discrete as sac_discrete
     import fleetrl.algos.ddpg as ddpg  # trains in td3.train
     import fleetrl.algos.td3 as td3
     import fleetrl.monitor.trainlog as trainlog
@@ -375,9 +385,9 @@ def engine_sentinels(monkeypatch):
     monkeypatch.setattr(ppo, "ppo_loss", counted(real_loss))
     monkeypatch.setattr(pqn, "Sampler", sampler)  # pqn builds its own sampler
     monkeypatch.setattr(pqn, "td_loss", counted(pqn.td_loss))
-    for module in (offpolicy, sac, td3):
+    for module in (offpolicy, sac, td3, sac_discrete):
         monkeypatch.setattr(module, "make_replay", make_replay)  # dqn calls offpolicy.make_replay
-    for module in (dqn, sac, td3):
+    for module in (dqn, sac, td3, sac_discrete):
         monkeypatch.setattr(module, "optimizer_step", counted(real_step))
     monkeypatch.setattr(trainlog, "Progress", Progress)
 
@@ -407,6 +417,7 @@ ALGOS = {
     "sac": ("Pendulum-v1", offpolicy_sizes, SAC_RANGES, OFFPOLICY_ACROSS),
     "td3": ("Pendulum-v1", offpolicy_sizes, TD3_RANGES, OFFPOLICY_ACROSS),
     "ddpg": ("Pendulum-v1", offpolicy_sizes, DDPG_RANGES, OFFPOLICY_ACROSS),
+    "sac_discrete": ("CartPole-v1", offpolicy_sizes, SAC_DISCRETE_RANGES, OFFPOLICY_ACROSS),
 }
 
 
@@ -435,7 +446,7 @@ def test_train_refuses_every_number_out_of_its_range_and_starts_with_the_others(
     check_train_numbers("ppo", sizes, numbers)
 
 
-@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg"])
+@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete"])
 def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_the_others(algo, engine_sentinels):
     _, sizes, ranges, _ = ALGOS[algo]
 
@@ -449,7 +460,7 @@ def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_th
 
 @st.composite
 def train_junk(draw) -> tuple[list[str], str | None]:
-    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg"]))
+    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete"]))
     env_id, sizes, ranges, _ = ALGOS[algo]
     run_dir = draw(st.sampled_from(["run", "run", "nested/deeper/run", "", ".", None]))
     argv = ["train", algo, *(["--run-dir", run_dir] if run_dir is not None else [])]

@@ -70,6 +70,36 @@ def test_twin_critics_compute_two_separate_q_networks_and_the_actor_loss_leaves_
     assert all(p.grad is None for p in qf.parameters()) and actions.grad.abs().sum() > 0
 
 
+def test_sac_updates_on_cleanrls_steps_critics_after_learning_starts_and_the_actor_on_even_steps(monkeypatch, tmp_path):
+    # CleanRL's sac_continuous_action.py: its loop variable counts the steps taken before this one; the critics update
+    # when it is above --learning-starts, the actor and alpha --policy-frequency times when it is a multiple of it. The
+    # loop used to count the step being taken: updates began a step early and the actor updated on odd steps
+    steps, updates, targets = [0], [], []
+    real_step, real_update, real_target = sac.step_envs, sac.optimizer_step, sac.soft_update
+
+    def step_envs(*args, **kwargs):
+        steps[0] += 1
+        return real_step(*args, **kwargs)
+
+    def optimizer_step(optimizer, sync, loss):
+        tensors = sum(len(group["params"]) for group in optimizer.param_groups)
+        updates.append((steps[0] - 1, {12: "critics", 8: "actor", 1: "alpha"}[tensors]))  # at CleanRL's global_step
+        return real_update(optimizer, sync, loss)
+
+    def soft_update(target, source, tau):
+        targets.append(steps[0] - 1)
+        return real_target(target, source, tau)
+
+    monkeypatch.setattr(sac, "step_envs", step_envs)
+    monkeypatch.setattr(sac, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(sac, "soft_update", soft_update)
+    sac.train(sac.Args(env_id="fleetrl_test_envs:StatelessBox-v0", total_timesteps=300, learning_starts=50, batch_size=16, torch_threads=1,
+                       cuda=False, env_backend="sync", progress=False, run_dir=str(tmp_path / "run")))
+    assert [s for s, what in updates if what == "critics"] == list(range(51, 300)) == targets
+    assert [s for s, what in updates if what == "actor"] == [s for s in range(52, 300, 2) for _ in range(2)]
+    assert [s for s, what in updates if what == "alpha"] == [s for s in range(52, 300, 2) for _ in range(2)]
+
+
 # ------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_discrete_actions_are_refused_with_a_clear_error(algo, tmp_path):

@@ -33,6 +33,7 @@ TINY = {
     "sac": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
     "td3": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
     "ddpg": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
+    "sac_discrete": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000", "--batch-size", "32"], 600),
 }
 COMMON = ["--env-backend", "sync", "--no-progress"]
 

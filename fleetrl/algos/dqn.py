@@ -34,7 +34,7 @@ from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.learner import check_policy_lag
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import NatureCNN, mlp
-from fleetrl.offpolicy import STEPS_PER_ITERATION, optimizer_step, soft_update, step_envs
+from fleetrl.offpolicy import STEPS_PER_ITERATION, optimizer_step, soft_update, step_envs, times_due
 from fleetrl.policy import policy_fn
 from fleetrl.run import Run
 from fleetrl.sampling.acting import host_forward
@@ -140,12 +140,6 @@ class QNetwork(nn.Module):
 def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
     slope = (end_e - start_e) / duration
     return max(slope * t + start_e, end_e)
-
-
-def times_due(global_step: int, steps: int, every: int) -> int:
-    """How many of the ``steps`` timesteps numbered from ``global_step`` on are multiples of ``every``: CleanRL's
-    ``global_step % every == 0`` when one env steps at a time, and the same number of updates per env step with more."""
-    return (global_step + steps - 1) // every - (global_step - 1) // every
 
 
 # ============================================================================ loss

@@ -184,21 +184,21 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) finished on this rank
             for _ in range(STEPS_PER_ITERATION):
-                global_step += args.num_envs  # all ranks' envs
-
-                # ALGO LOGIC: put action logic here (uniformly random ones until --learning-starts)
+                # ALGO LOGIC: put action logic here. global_step counts the env steps taken before this one (all envs
+                # of all ranks), as CleanRL's loop variable: uniformly random actions below --learning-starts
                 with log.timer.inference, torch.inference_mode():
                     x = torch.as_tensor(obs, dtype=torch.float32, device=device)
-                    explore = global_step <= args.learning_starts
+                    explore = global_step < args.learning_starts
                     actions = uniform_actions(envs.single_action_space, run.local_num_envs) if explore else actor.get_action(x)[0].cpu().numpy()
 
                 # TRY NOT TO MODIFY: execute the game, save data to the replay buffer, record finished episodes
-                obs = step_envs(envs, rb, obs, actions, global_step, episodes, log.timer)
+                obs = step_envs(envs, rb, obs, actions, global_step + args.num_envs, episodes, log.timer)  # logged at the steps done
 
                 # ALGO LOGIC: training.
                 if global_step > learn_from:
                     with log.timer.learn:
                         losses.update(update(rb.sample(local_batch_size), global_step // args.num_envs))
+                global_step += args.num_envs
 
             run.end_iteration(iteration, global_step, episodes, losses={**losses, "alpha": alpha} if losses else {})
         return run.finish(nn.ModuleDict(dict(actor=actor, qf=qf)))  # under torchrun: replicas checked bit-identical

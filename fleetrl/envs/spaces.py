@@ -4,8 +4,8 @@ Observations reach the algorithms as one array per env. Python envs are made so 
 :class:`fleetrl.envs.registry.EnvFactory`, which flattens Dict, Tuple, Discrete and multi-dimensional
 Box observations into a 1-D Box (and says so once). A 1-D observation of any dtype feeds an MLP as
 float32; a 3-D one is an image for a CNN, kept as bytes when it is uint8 (:func:`fleetrl.nets.network_obs_dtype`).
-Actions: PPO samples from a categorical (Discrete) or a diagonal Gaussian (a 1-D Box); DQN takes Discrete,
-SAC and TD3 a 1-D Box.
+Actions: PPO samples from a categorical (Discrete) or a diagonal Gaussian (a 1-D Box); DQN and discrete SAC take
+Discrete, SAC, TD3 and DDPG a 1-D Box.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import gymnasium as gym
 
 from fleetrl.errors import UnsupportedSpaceError
 
-SUPPORTED_ACTIONS = {"ppo": ("Discrete", "Box"), "dqn": ("Discrete",), "c51": ("Discrete",), "rainbow": ("Discrete",), "sac": ("Box",), "td3": ("Box",), "ddpg": ("Box",)}
+SUPPORTED_ACTIONS = {"ppo": ("Discrete", "Box"), "dqn": ("Discrete",), "c51": ("Discrete",), "rainbow": ("Discrete",), "sac": ("Box",), "sac_discrete": ("Discrete",), "td3": ("Box",), "ddpg": ("Box",)}
 # which algorithm to use instead, when the action space is one fleetrl trains with another algorithm
-_OTHER_ALGOS = {"Discrete": "`fleetrl train ppo` or `fleetrl train dqn`", "Box": "`fleetrl train ppo`, `sac`, `td3` or `ddpg`"}
+_OTHER_ALGOS = {"Discrete": "`fleetrl train ppo`, `dqn` or `sac_discrete`", "Box": "`fleetrl train ppo`, `sac`, `td3` or `ddpg`"}
 
 # how to train an env whose action space is not supported, by the space's class name
 _ACTION_HINTS = {
