@@ -100,31 +100,50 @@ class NatureCNN(nn.Module):
 
 
 class _ResidualBlock(nn.Module):
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, normed_scale: float | None = None):
         super().__init__()
         self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        if normed_scale is not None:  # made and rescaled one at a time, as ppg_procgen.py makes them
+            layer_init_normed(self.conv0, (1, 2, 3), normed_scale)
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        if normed_scale is not None:
+            layer_init_normed(self.conv1, (1, 2, 3), normed_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
+def layer_init_normed(layer: nn.Module, norm_dim: int | tuple[int, ...], scale: float = 1.0) -> nn.Module:
+    """PPG's initialisation (CleanRL's ppg_procgen.py): the layer's default weights rescaled so that each output's
+    weights have norm ``scale`` (over ``norm_dim``), and zero biases. It draws nothing from torch's RNG."""
+    with torch.no_grad():
+        layer.weight.data *= scale / layer.weight.norm(dim=norm_dim, p=2, keepdim=True)
+        layer.bias *= 0
+    return layer
+
+
 class ImpalaCNN(nn.Module):
     """The IMPALA CNN of CleanRL's ppo_procgen.py: three conv/max-pool/2-residual stages (16, 32, 32)
-    over uint8 images (CHW, or HWC which is transposed), ending in 256 ReLU features."""
+    over uint8 images (CHW, or HWC which is transposed), ending in 256 ReLU features. ``normed``: ppg_procgen.py's
+    initialisation (:func:`layer_init_normed`: each stage's convolution to norm 1, the residual convolutions to
+    sqrt(1 / sqrt(3) / sqrt(2)), the last layer to 1.4), made in its order, so a seed gives its weights."""
 
     out_dim = 256
 
-    def __init__(self, obs_shape: tuple[int, ...]):
+    def __init__(self, obs_shape: tuple[int, ...], normed: bool = False):
         super().__init__()
         self.channels_last = obs_shape[-1] in (1, 3, 4) and obs_shape[0] not in (1, 3, 4)
         c, h, w = (obs_shape[2], obs_shape[0], obs_shape[1]) if self.channels_last else obs_shape
+        conv_scale = float(np.sqrt(1 / np.sqrt(3) / np.sqrt(2)))  # "Not fully sure about the logic behind this but its used in PPG code"
         stages: list[nn.Module] = []
         for out_channels in (16, 32, 32):
-            stages += [nn.Conv2d(c, out_channels, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                       _ResidualBlock(out_channels), _ResidualBlock(out_channels)]
+            conv = nn.Conv2d(c, out_channels, 3, padding=1)
+            stages += [layer_init_normed(conv, (1, 2, 3)) if normed else conv, nn.MaxPool2d(3, stride=2, padding=1),
+                       _ResidualBlock(out_channels, conv_scale if normed else None), _ResidualBlock(out_channels, conv_scale if normed else None)]
             c, h, w = out_channels, (h + 1) // 2, (w + 1) // 2
-        self.net = nn.Sequential(*stages, nn.Flatten(), nn.ReLU(), layer_init(nn.Linear(c * h * w, self.out_dim)), nn.ReLU())
+        top = nn.Linear(c * h * w, self.out_dim)
+        top = layer_init_normed(top, 1, scale=1.4) if normed else layer_init(top)
+        self.net = nn.Sequential(*stages, nn.Flatten(), nn.ReLU(), top, nn.ReLU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last:

@@ -1,5 +1,5 @@
 """Fuzzed command lines: random and boundary values (0, negatives, NaN, inf, huge numbers, empty strings,
-unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, dqn, pqn, sac, td3, ddpg, sac_discrete), `eval`, `bench-env`,
+unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, ppg, dqn, pqn, sac, td3, ddpg, sac_discrete), `eval`, `bench-env`,
 `benchmark`, `tune`, `plot`, `compare` and `preflight`.
 
 Two properties per command:
@@ -258,6 +258,16 @@ SAC_RANGES = {
     "--target-network-frequency": (ints, whole(1)),
     "--alpha": (floats, NON_NEGATIVE),
 }
+PPG_RANGES = {
+    **{flag: check for flag, check in PPO_RANGES.items() if flag != "--update-epochs"},
+    "--n-iteration": (ints, whole(1)),
+    "--e-policy": (ints, whole(1)),
+    "--v-value": (ints, whole(1, 1)),
+    "--e-auxiliary": (ints, whole(0)),
+    "--beta-clone": (floats, NON_NEGATIVE),
+    "--num-aux-rollouts": (ints, whole(1)),
+    "--n-aux-grad-accum": (ints, whole(1)),
+}
 SAC_DISCRETE_RANGES = {
     **OFFPOLICY_RANGES,
     "--policy-lr": (floats, POSITIVE),
@@ -408,10 +418,19 @@ def offpolicy_sizes(draw) -> list[str]:
             "--buffer-size", "1000", "--batch-size", draw(st.sampled_from(["8", "32"]))]
 
 
+@st.composite
+def ppg_sizes(draw) -> list[str]:
+    """PPO's one-iteration run, its epochs PPG's --e-policy, its one iteration a phase (the auxiliary phase runs)."""
+    sizes = draw(train_sizes())
+    epochs = sizes.index("--update-epochs")
+    return sizes[:epochs] + ["--e-policy", sizes[epochs + 1], "--n-iteration", "1", "--num-aux-rollouts", "1"] + sizes[epochs + 2:]
+
+
 # algorithm: (its env here, the sizes of a one-iteration run, its flags' ranges, what a check across flags says)
 ALGOS = {
     "ppo": ("CartPole-v1", train_sizes, PPO_RANGES, TRAIN_ACROSS),
     "ppo_lstm": ("CartPole-v1", train_sizes, PPO_RANGES, TRAIN_ACROSS + ("sequence", "split evenly")),
+    "ppg": ("CartPole-v1", ppg_sizes, PPG_RANGES, TRAIN_ACROSS),
     "dqn": ("CartPole-v1", offpolicy_sizes, DQN_RANGES, OFFPOLICY_ACROSS),
     "pqn": ("CartPole-v1", train_sizes, PQN_RANGES, TRAIN_ACROSS),
     "sac": ("Pendulum-v1", offpolicy_sizes, SAC_RANGES, OFFPOLICY_ACROSS),
@@ -446,7 +465,7 @@ def test_train_refuses_every_number_out_of_its_range_and_starts_with_the_others(
     check_train_numbers("ppo", sizes, numbers)
 
 
-@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete"])
+@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete", "ppg"])
 def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_the_others(algo, engine_sentinels):
     _, sizes, ranges, _ = ALGOS[algo]
 
@@ -460,7 +479,7 @@ def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_th
 
 @st.composite
 def train_junk(draw) -> tuple[list[str], str | None]:
-    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete"]))
+    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete", "ppg"]))
     env_id, sizes, ranges, _ = ALGOS[algo]
     run_dir = draw(st.sampled_from(["run", "run", "nested/deeper/run", "", ".", None]))
     argv = ["train", algo, *(["--run-dir", run_dir] if run_dir is not None else [])]

@@ -47,6 +47,9 @@ CHECKS = {
     "ppo_lstm": (["ppo_lstm", "--env-id", "CartPoleNoVel-v1"], 30_000, 150),
     # --policy-lag 1: the sampler thread acts one update behind, and it still learns: 200 at 19k
     "ppo-lag": (["ppo", "--env-id", "CartPole-v1", "--policy-lag", "1"], 100_000, 200),
+    # PPG, its classic-control defaults (ppo.py's, 1 policy epoch, an auxiliary phase every 32 iterations of 512 steps,
+    # observations and rewards normalised): 200 at 19k steps
+    "ppg": (["ppg", "--env-id", "CartPole-v1"], 60_000, 200),
     # PPO, CleanRL's ppo.py defaults: 200 at 15k steps
     "ppo": (["ppo", "--env-id", "CartPole-v1"], 100_000, 200),
 }
@@ -106,6 +109,9 @@ def test_reaches_its_bar_within_its_budget_on_seed_1(learning_runs, name):
         scalars = ["qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss"] + (["alpha", "alpha_loss"] if name == "sac" else [])
         assert [tag for tag in scalars if read_scalars(run_dir, f"losses/{tag}")] == scalars
         assert bool(read_scalars(run_dir, "losses/alpha")) == (name == "sac")
+    if name == "ppg":  # CleanRL's ppg_procgen.py scalars: PPO's, and the auxiliary phase's once a phase
+        assert all(read_scalars(run_dir, f"losses/{tag}") for tag in ("policy_loss", "value_loss", "entropy", "approx_kl"))
+        assert [p.step for p in read_scalars(run_dir, "losses/aux/kl_loss")][:1] == [32 * 512]
     if name == "sac_discrete":  # CleanRL's sac_atari.py scalars
         scalars = ["qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss", "alpha", "alpha_loss"]
         assert [tag for tag in scalars if read_scalars(run_dir, f"losses/{tag}")] == scalars
@@ -171,3 +177,13 @@ def test_eval_plays_the_trained_discrete_sac_actor_greedily_repeatably_and_bette
     greedy, again, sampled = (evaluate(run_dir, 3, *flags) for flags in ([], [], ["--stochastic"]))
     assert again["returns"] == greedy["returns"], "the greedy actor plays the same episodes from the same seed"
     assert greedy["mean_return"] >= 150 and greedy["mean_return"] > sampled["mean_return"], (greedy, sampled)
+
+
+@pytest.mark.timeout(1800)
+def test_eval_plays_the_trained_ppg_policy_greedily_and_repeatably_with_its_observation_statistics(learning_runs):
+    # CartPole, seed 1: the run stopped at a rolling 200 (20.5k steps); its greedy policy plays 500 three times, its
+    # samples 282, 358 and 128. Without the saved observation statistics the same policy played 117, 81 and 76
+    run_dir = learning_runs["ppg"][0]
+    greedy, again = evaluate(run_dir, 3), evaluate(run_dir, 3)
+    assert again["returns"] == greedy["returns"], "the greedy policy plays the same episodes from the same seed"
+    assert greedy["mean_return"] >= 200, greedy  # a random policy: 22.7

@@ -40,11 +40,10 @@ from fleetrl.sampling.sampler import Due, Sampler, local_async_batch
 
 # ============================================================================ arguments
 @dataclass
-class Args(OnPolicyArgs):
-    """CleanRL's flags (experiment, then PPO's), then the engine's (fleetrl/args.py); None: the env family's default."""
+class PolicyGradientArgs(OnPolicyArgs):
+    """The flags PPO shares with PPG (fleetrl/algos/ppg.py): CleanRL's, then the engine's (fleetrl/args.py); None: the env
+    family's default."""
 
-    exp_name: str = "ppo"
-    """the name of this experiment"""
     total_timesteps: int | None = None
     """total timesteps of the experiments [500k classic control, 10M Atari, 1M MuJoCo]"""
     num_envs: int | None = None
@@ -62,10 +61,8 @@ class Args(OnPolicyArgs):
     """the lambda for the general advantage estimation"""
     num_minibatches: int | None = None
     """the number of mini-batches [4; MuJoCo 32]"""
-    update_epochs: int | None = None
-    """the K epochs to update the policy [4; MuJoCo 10]"""
-    norm_adv: bool = True
-    """Toggles advantages normalization"""
+    adv_norm_fullbatch: bool = False
+    """normalise the advantages over the whole batch before the update, as PPG's code does (--norm-adv: each minibatch)"""
     clip_coef: float | None = None
     """the surrogate clipping coefficient [0.2; Atari 0.1]"""
     clip_vloss: bool = True
@@ -79,14 +76,26 @@ class Args(OnPolicyArgs):
     target_kl: float | None = None
     """the target KL divergence threshold"""
     normalize: bool | None = None
-    """normalise observations and rewards with running statistics [on for MuJoCo, off otherwise]"""
+    """normalise observations (vectors only) and rewards with running statistics [on for MuJoCo and Procgen, off otherwise]"""
 
 
-FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py and ppo_continuous_action.py
+@dataclass
+class Args(PolicyGradientArgs):
+    """CleanRL's flags (experiment, then PPO's), then the engine's (fleetrl/args.py); None: the env family's default."""
+
+    exp_name: str = "ppo"
+    """the name of this experiment"""
+    update_epochs: int | None = None
+    """the K epochs to update the policy [4; MuJoCo 10]"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+
+
+FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py, ppo_continuous_action.py and ppo_procgen.py (rewards normalised)
     "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
     "atari": dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01, frame_stack=4),
     "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0, normalize=True),
-    "procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, num_minibatches=8, update_epochs=3, clip_coef=0.2, ent_coef=0.01, gamma=0.999),
+    "procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, num_minibatches=8, update_epochs=3, clip_coef=0.2, ent_coef=0.01, gamma=0.999, normalize=True),
 }
 for _defaults in FAMILY_DEFAULTS.values():
     _defaults.setdefault("gamma", 0.99)
@@ -111,10 +120,10 @@ RANGES = {
 }
 
 
-def validate(args: Args, world_size: int = 1) -> None:
+def validate(args: Args, world_size: int = 1, ranges: dict = RANGES) -> None:
     """Refuse a configuration that cannot run, before anything starts. ``world_size``: the torchrun
     processes, each of which holds ``--num-envs / world_size`` envs and splits its own batch into minibatches."""
-    validate_onpolicy(args, world_size, RANGES)  # the common flags, and the sampler's and precision's
+    validate_onpolicy(args, world_size, ranges)  # the common flags, and the sampler's and precision's
     local_num_envs = args.num_envs // world_size
     batch_size, local_batch_size = args.num_envs * args.num_steps, local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches:
@@ -271,10 +280,12 @@ def minibatches(batch: dict[str, torch.Tensor], num_steps: int, num_minibatches:
 # ============================================================================ training
 def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", family_defaults: dict = FAMILY_DEFAULTS,
           validate: Callable = validate, agent_type: type = Agent, rollout: Callable = rollout,
-          minibatches: Callable = minibatches) -> TrainResult:
+          minibatches: Callable = minibatches, adam_eps: float = 1e-5, auxiliary: Callable | None = None) -> TrainResult:
     """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line
     (they win over a resumed run's saved arguments). The keywords are what a variant changes (fleetrl/algos/ppo_lstm.py:
-    a recurrent agent, a rollout that carries its state, minibatches of whole env sequences)."""
+    a recurrent agent, a rollout that carries its state, minibatches of whole env sequences; fleetrl/algos/ppg.py: Adam's
+    ``adam_eps`` and ``auxiliary(run, agent, optimizer, grad_sync)``, made before the run is restored, which returns
+    what runs after each iteration's update: ``(iteration, batch) -> scalars`` to log, PPG's auxiliary phase)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
     with Run.start(args, explicit, family_defaults, validate, algo=algo, lag_worker="sampler thread") as run:
@@ -294,15 +305,16 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
                              dist, verbose=dist.is_main, saved=run.remembered("accel"))
         run.remember(accel=accel.state())
         loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
-        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
+        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=adam_eps, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=agent, optimizer=optimizer)  # what checkpoints hold, besides every rank's RNG streams
-        # --normalize (MuJoCo's default): one set of observation and reward statistics for all envs of all ranks
-        # (their sums are all-reduced every step, or once an iteration with --policy-lag 1)
-        obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if args.normalize else None
+        after_update = auxiliary(run, agent, optimizer, grad_sync) if auxiliary is not None else None  # PPG's auxiliary phase
+        # --normalize (MuJoCo's and Procgen's default): one set of observation and reward statistics for all envs of all
+        # ranks (their sums are all-reduced every step, or once an iteration with --policy-lag 1); images: rewards only
+        obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if args.normalize and len(obs_shape) == 1 else None
         reward_norm = RewardNormalizer(run.local_num_envs, args.gamma, dist.allreduce_sum_np) if args.normalize else None
         if args.normalize:
-            run.register(obs_rms=obs_norm.rms, reward_rms=reward_norm.rms)
+            run.register(reward_rms=reward_norm.rms, **({"obs_rms": obs_norm.rms} if obs_norm is not None else {}))
         log = run.start_logging(envs, num_iterations, batch_size, notes={"precision": f"{accel.label}: {accel.reason}"})
 
         # the rollout engine: acting weights, sampling RNG, buffers; serial, split, first-ready or one update behind
@@ -331,6 +343,8 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
             with log.timer.learn:
                 agent.train()
                 batch = {k: v.to(device) for k, v in buffer.flat().items()}
+                if args.adv_norm_fullbatch:  # PPG code does full batch advantage normalization (over all ranks' batches)
+                    batch["advantages"] = dist.normalize(batch["advantages"])
                 clipfracs = []
                 for epoch in range(args.update_epochs):
                     for mb in minibatches(batch, args.num_steps, args.num_minibatches):  # this rank's 1/W of each
@@ -344,6 +358,8 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
                         clipfracs.append(stats["clipfrac"])
                     if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
                         break
+                if after_update is not None:  # PPG: store the rollout; every --n-iteration iterations, the auxiliary phase
+                    stats.update(after_update(iteration, batch))
             sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
 
             # ---------------------------------------------------------------- logging

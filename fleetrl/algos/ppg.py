@@ -1,0 +1,267 @@
+"""Phasic Policy Gradient (PPG), discrete actions, Procgen and classic control, read top to bottom as CleanRL's
+ppg_procgen.py, on PPO's engine (fleetrl/algos/ppo.py): its rollout, GAE, loss and update are PPO's.
+
+Order: arguments, the network, then the auxiliary phase, then training. A phase is --n-iteration policy iterations
+(PPO's, with --e-policy epochs and the advantages normalised over the whole batch), each of whose rollouts is kept;
+then the auxiliary phase distils: --e-auxiliary epochs over those rollouts, whole env rollouts a minibatch, in which
+the auxiliary value head regresses the returns (training the shared encoder), the value head does too, and a
+behavioural-cloning KL keeps the policy where it was before the phase.
+
+Differences from CleanRL, each on purpose (besides PPO's, ppo.py):
+* the auxiliary phase starts from zeroed gradients (CleanRL's first auxiliary step adds the last policy minibatch's);
+* classic control too, with a 64-64 tanh encoder; EnvPool's Procgen frames come channels first (the old ``procgen``
+  package CleanRL uses gives them last and does not install here);
+* Adam is fused, the minibatch order comes from torch's RNG, and the advantages are normalised in float64;
+* --anneal-lr anneals over the whole run (CleanRL's counts the iteration within the phase);
+* the rollouts of a phase are checkpointed with it, so a run stopped mid-phase resumes exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import distributions as td
+from torch import nn
+from torch.distributions.categorical import Categorical
+
+from fleetrl import config
+from fleetrl.accel import autocast
+from fleetrl.algos import ppo
+from fleetrl.algos.source import train_main
+from fleetrl.distributed import split_evenly
+from fleetrl.errors import FleetError
+from fleetrl.monitor import TrainResult
+from fleetrl.nets import ImpalaCNN, layer_init_normed, mlp
+from fleetrl.policy import policy_fn
+
+
+# ============================================================================ arguments
+@dataclass
+class Args(ppo.PolicyGradientArgs):
+    exp_name: str = "ppg"
+    """the name of this experiment"""
+    anneal_lr: bool = False
+    """Toggle learning rate annealing for policy and value networks"""
+    adv_norm_fullbatch: bool = True
+    """Toggle full batch advantage normalization as used in PPG code"""
+    checkpoint_every: int = 32
+    """write a checkpoint every this many iterations (a multiple of --n-iteration: at phase ends, without rollouts) and always at the end"""
+
+    # PPG specific arguments
+    n_iteration: int = 32
+    """N_pi: the number of policy update in the policy phase """
+    e_policy: int = 1
+    """E_pi: the number of policy update in the policy phase """
+    v_value: int = 1
+    """E_V: the number of policy update in the policy phase """
+    e_auxiliary: int = 6
+    """E_aux:the K epochs to update the policy"""
+    beta_clone: float = 1.0
+    """the behavior cloning coefficient"""
+    num_aux_rollouts: int = 4
+    """the number of mini batch in the auxiliary phase"""
+    n_aux_grad_accum: int = 1
+    """the number of gradient accumulation in mini batch"""
+
+    norm_adv = False  # PPO's loop: no minibatch normalisation (a class attribute, not a flag)
+
+    @property
+    def update_epochs(self) -> int:  # PPO's loop runs E_pi epochs
+        return self.e_policy
+
+
+FAMILY_DEFAULTS = {  # CleanRL's ppg_procgen.py (rewards normalised); classic control: ppo.py's settings, observations and rewards normalised
+    "procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, num_minibatches=8, clip_coef=0.2,
+                    ent_coef=0.01, gamma=0.999, normalize=True),
+    "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, clip_coef=0.2,
+                    ent_coef=0.01, gamma=0.99, normalize=True),
+}
+
+RANGES = {
+    **{name: check for name, check in ppo.RANGES.items() if name != "update_epochs"},
+    "n_iteration": config.count("policy iterations in a phase, before each auxiliary phase"),
+    "e_policy": config.count("epochs over each batch in the policy phase"),
+    "v_value": config.count("value epochs in the policy phase (CleanRL's PPG supports 1)", high=1),
+    "e_auxiliary": config.count("epochs over the phase's rollouts in the auxiliary phase", low=0),
+    "beta_clone": config.non_negative("the weight of the behavioural-cloning KL", config.COEF_MAX),
+    "num_aux_rollouts": config.count("env rollouts in an auxiliary minibatch"),
+    "n_aux_grad_accum": config.count("auxiliary minibatches whose gradients make one step"),
+}
+
+
+def validate(args: Args, world_size: int = 1) -> None:
+    """PPO's checks (with PPG's ranges), then the auxiliary phase's, before anything starts."""
+    ppo.validate(args, world_size, RANGES)
+    if args.async_batch is not None and args.async_batch != args.num_envs:
+        raise FleetError(f"PPG keeps each env's whole rollout for its auxiliary phase, and --async-batch {args.async_batch} makes each "
+                         f"step's row hold whichever envs were ready first. Leave --async-batch out (two env groups take turns) or "
+                         f"set it to --num-envs {args.num_envs}.")
+    if args.policy_lag:
+        raise FleetError("PPG's auxiliary phase changes the weights between rollouts that --policy-lag 1 overlaps with training. "
+                         "Leave --policy-lag at 0 for ppg.")
+    split_evenly(args.num_aux_rollouts, world_size, "The env rollouts of an auxiliary minibatch", "--num-aux-rollouts")
+
+
+# ============================================================================ network
+class Agent(ppo.Agent):
+    """CleanRL's PPG agent: one encoder (the IMPALA CNN with PPG's initialisation; vectors: an MLP 64-64 tanh), a
+    policy head, a value head on the encoder's features with their gradient stopped (so in the policy phase the value
+    loss trains only that head), and an auxiliary value head, which trains the encoder in the auxiliary phase.
+    PPO's acting, evaluation and value functions (ppo.Agent) read it as they read PPO's."""
+
+    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, impala: bool = False):
+        nn.Module.__init__(self)  # PPO's layers are not made: these are PPG's
+        self.continuous = False
+        if len(obs_shape) == 3:
+            self.trunk: nn.Module = ImpalaCNN(obs_shape, normed=True)
+        else:
+            self.trunk = nn.Sequential(mlp(int(np.prod(obs_shape)), 64, out_std=math.sqrt(2), hidden=(64,)), nn.Tanh())
+        width = ImpalaCNN.out_dim if len(obs_shape) == 3 else 64
+        self.actor = layer_init_normed(nn.Linear(width, int(action_space.n)), norm_dim=1, scale=0.1)
+        self.critic = layer_init_normed(nn.Linear(width, 1), norm_dim=1, scale=0.1)
+        self.aux_critic = layer_init_normed(nn.Linear(width, 1), norm_dim=1, scale=0.1)
+        self.compute_dtype = torch.float32  # set by the engine's precision choice (fleetrl/accel.py)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and value, in fp32 (the value head reads the features with their gradient stopped)."""
+        with autocast(x.device.type, self.compute_dtype):
+            hidden = self.trunk(x)
+            return self.actor(hidden).float(), self.critic(hidden.detach()).float().squeeze(-1)
+
+    # PPG logic:
+    def get_pi_value_and_aux_value(self, x: torch.Tensor) -> tuple[Categorical, torch.Tensor, torch.Tensor]:
+        with autocast(x.device.type, self.compute_dtype):
+            hidden = self.trunk(x)
+            logits, value, aux_value = self.actor(hidden), self.critic(hidden.detach()), self.aux_critic(hidden)
+        return Categorical(logits=logits.float()), value.float(), aux_value.float()
+
+    def get_pi(self, x: torch.Tensor) -> Categorical:
+        return Categorical(logits=self(x)[0])
+
+
+def flatten01(arr: torch.Tensor) -> torch.Tensor:
+    return arr.reshape((-1, *arr.shape[2:]))
+
+
+def unflatten01(arr: torch.Tensor, targetshape: tuple[int, ...]) -> torch.Tensor:
+    return arr.reshape((*targetshape, *arr.shape[1:]))
+
+
+# ============================================================================ the auxiliary phase
+class AuxiliaryPhase:
+    """Keeps each policy iteration's rollouts (observations, in their own dtype, and returns, ``(num_steps, rollouts)``)
+    and, after every --n-iteration-th iteration, distils. Checkpointed with the run (``run.register_shard``): the
+    rollouts stored so far in the phase, none at a phase's end."""
+
+    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync):
+        self.args, self.dist, self.device = run.args, run.dist, run.device
+        self.agent, self.optimizer, self.grad_sync = agent, optimizer, grad_sync
+        self.num_envs = run.local_num_envs
+        self.aux_batch_rollouts = self.num_envs * self.args.n_iteration  # this rank's
+        self.aux_obs: torch.Tensor | None = None  # made at the first rollout, in its observations' dtype (uint8 frames save RAM)
+        self.aux_returns = torch.zeros((self.args.num_steps, self.aux_batch_rollouts))
+        self.stored = 0  # rollouts kept in this phase
+        run.register_shard(aux_rollouts=self)
+
+    def __call__(self, iteration: int, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """After iteration ``iteration``'s policy update: keep its rollout; at a phase's end, the auxiliary phase."""
+        args = self.args
+        if self.aux_obs is None:
+            self.aux_obs = torch.zeros((args.num_steps, self.aux_batch_rollouts, *batch["obs"].shape[1:]), dtype=batch["obs"].dtype)
+        # PPG Storage - Rollouts are saved without flattening for sampling full rollouts later:
+        storage_slice = slice(self.stored, self.stored + self.num_envs)
+        self.aux_obs[:, storage_slice] = unflatten01(batch["obs"], (args.num_steps, self.num_envs)).cpu()
+        self.aux_returns[:, storage_slice] = unflatten01(batch["returns"], (args.num_steps, self.num_envs)).cpu()
+        self.stored += self.num_envs
+        if iteration % args.n_iteration:
+            return {}
+        if self.stored < self.aux_batch_rollouts and self.dist.is_main:
+            print(f"fleetrl: the auxiliary phase distils the {self.stored} rollouts stored since the run resumed: the checkpoint "
+                  f"held none of this phase's earlier ones (a checkpoint of another number of processes).", file=sys.stderr, flush=True)
+        stats = self.distil(self.stored)
+        self.stored = 0
+        return stats
+
+    def distil(self, rollouts: int) -> dict[str, torch.Tensor]:
+        """--e-auxiliary epochs over the phase's ``rollouts`` env rollouts, --num-aux-rollouts of them a minibatch."""
+        args, agent, optimizer, device = self.args, self.agent, self.optimizer, self.device
+        num_aux_rollouts = args.num_aux_rollouts // self.dist.world_size  # this rank's share of a minibatch
+        aux_inds = np.arange(rollouts)
+
+        # Build the old policy on the aux buffer before distilling to the network
+        aux_pi = torch.zeros((args.num_steps, rollouts, agent.actor.out_features))
+        for start in range(0, rollouts, num_aux_rollouts):
+            aux_minibatch_ind = aux_inds[start : start + num_aux_rollouts]
+            m_aux_obs = self.aux_obs[:, aux_minibatch_ind].to(device)
+            with torch.no_grad():
+                pi_logits = agent.get_pi(flatten01(m_aux_obs)).logits.cpu().clone()
+            aux_pi[:, aux_minibatch_ind] = unflatten01(pi_logits, m_aux_obs.shape[:2])
+
+        optimizer.zero_grad()  # the policy phase's last gradients are spent
+        stats = {}
+        for auxiliary_update in range(1, args.e_auxiliary + 1):
+            np.random.shuffle(aux_inds)
+            for i, start in enumerate(range(0, rollouts, num_aux_rollouts)):
+                aux_minibatch_ind = aux_inds[start : start + num_aux_rollouts]
+                m_aux_obs = flatten01(self.aux_obs[:, aux_minibatch_ind].to(device))  # Sample full rollouts for PPG instead of random indexes
+                m_aux_returns = flatten01(self.aux_returns[:, aux_minibatch_ind].to(torch.float32).to(device))
+
+                new_pi, new_values, new_aux_values = agent.get_pi_value_and_aux_value(m_aux_obs)
+                new_values, new_aux_values = new_values.view(-1), new_aux_values.view(-1)
+                old_pi = Categorical(logits=flatten01(aux_pi[:, aux_minibatch_ind]).to(device))
+                kl_loss = td.kl_divergence(old_pi, new_pi).mean()
+
+                real_value_loss = 0.5 * ((new_values - m_aux_returns) ** 2).mean()
+                aux_value_loss = 0.5 * ((new_aux_values - m_aux_returns) ** 2).mean()
+                joint_loss = aux_value_loss + args.beta_clone * kl_loss
+
+                loss = (joint_loss + real_value_loss) / args.n_aux_grad_accum
+                loss.backward()  # accumulated; averaged over ranks at the step
+                if (i + 1) % args.n_aux_grad_accum == 0:
+                    self.grad_sync.finish()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad()  # This cannot be outside, else gradients won't accumulate
+                stats = {"aux/kl_loss": kl_loss.detach(), "aux/aux_value_loss": aux_value_loss.detach(),
+                         "aux/real_value_loss": real_value_loss.detach()}
+        return stats
+
+    def state_dict(self) -> dict[str, torch.Tensor | int]:
+        stored = slice(0, self.stored)
+        return {"stored": self.stored, "aux_returns": self.aux_returns[:, stored].clone(),
+                "aux_obs": self.aux_obs[:, stored].clone() if self.aux_obs is not None else torch.zeros(0)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stored = int(state["stored"])
+        if self.stored:
+            obs = state["aux_obs"]
+            self.aux_obs = torch.zeros((self.args.num_steps, self.aux_batch_rollouts, *obs.shape[2:]), dtype=obs.dtype)
+            self.aux_obs[:, : self.stored] = obs
+            self.aux_returns[:, : self.stored] = state["aux_returns"]
+
+
+# ============================================================================ training
+def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
+    """Train PPG, in one process or under torchrun: PPO's loop (fleetrl/algos/ppo.py) with PPG's agent, Adam's epsilon
+    and, after each iteration's update, the auxiliary phase's storage and, every --n-iteration iterations, its distillation."""
+    return ppo.train(args, explicit, algo="ppg", family_defaults=FAMILY_DEFAULTS, validate=validate, agent_type=Agent, adam_eps=1e-8,
+                     auxiliary=AuxiliaryPhase)
+
+
+# ============================================================================ evaluation
+def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
+    """The trained policy as ``obs -> action``: the most probable action, or a sample, with the saved observation
+    statistics frozen."""
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space)
+    agent.load_state_dict(state["model"])
+    return policy_fn(agent, envs, deterministic, obs_rms=state.get("obs_rms"))
+
+
+# ============================================================================ command line
+if __name__ == "__main__":  # python FILE.py [flags], torchrun FILE.py [flags]; `fleetrl train ./FILE.py` calls train()
+    train_main(__name__)

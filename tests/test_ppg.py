@@ -1,0 +1,168 @@
+"""PPG: CleanRL's ppg_procgen.py update code in lockstep (on EnvPool's Procgen), its network weight for weight, exact
+resume mid-phase (after SIGTERM, and a run extended past where it ended), torchrun replicas through an auxiliary
+phase, and its bad input refused. Learning on CartPole and greedy eval are test_learning.py's; the copy template,
+test_user_algos.py's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from fleetrl import checkpoint
+from fleetrl.algos import ppg
+from fleetrl.monitor.tbread import read_scalars
+
+from conftest import assert_train_refused, killed_on_exit, require_module, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
+from test_distributed import torchrun
+from test_procgen import qt5_gui_installed
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+
+def require_procgen() -> None:
+    require_module("envpool", "envpool")
+    if not qt5_gui_installed():
+        pytest.skip("EnvPool's Procgen needs the system Qt 5 GUI library (apt-get install libqt5gui5; .ci/run installs it)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_lockstep_with_cleanrls_ppg_update_code_identical_given_fleetrls_rounding_and_close_without():
+    # benchmarks/ppg_vs_cleanrl.py --lockstep: 2 phases of 2 iterations on StarpilotEasy-v0, the policy phase's 8
+    # minibatch steps and the auxiliary phases' 16. Given fleetrl's rounding of two quantities (the whole-batch advantage
+    # normalisation in float64, the log-probabilities without torch.distributions) CleanRL's code gives the same bits;
+    # rounding its own way it parts by 2e-4 (relative, losses) and 1e-3 (absolute, weights: Adam's steps are lr-sized
+    # whatever the gradient, so a near-zero gradient that rounds to the other sign moves its weight by 2 lr)
+    require_procgen()
+    import ppg_vs_cleanrl
+
+    verdicts = ppg_vs_cleanrl.lockstep(SimpleNamespace(env_id="StarpilotEasy-v0", seed=1))
+    exact = {name: v for name, v in verdicts.items() if "CleanRL's rounding" not in name}
+    assert all(v.startswith("identical") for v in exact.values()), verdicts
+    assert exact["policy-phase losses"] == "identical (8)" and exact["auxiliary losses"] == "identical (16)", verdicts
+    rounded = {name: v for name, v in verdicts.items() if "CleanRL's rounding" in name}
+    assert rounded["initial weights, CleanRL's rounding"].startswith("identical"), verdicts
+    for name, verdict in rounded.items():
+        if not verdict.startswith("identical"):
+            assert float(verdict.split("difference ")[1].split()[0]) < 1e-2, (name, verdict)
+
+
+def test_the_procgen_network_is_cleanrls_weight_for_weight_from_the_same_seed():
+    require_module("envpool", "envpool")  # the ported script imports it
+    sys.path.insert(0, str(BENCHMARKS / "cleanrl"))
+    import ppg_procgen
+
+    envs = SimpleNamespace(single_observation_space=gym.spaces.Box(0, 255, (3, 64, 64), np.uint8), single_action_space=gym.spaces.Discrete(15))
+    torch.manual_seed(4)
+    theirs = ppg_procgen.Agent(envs)
+    torch.manual_seed(4)
+    ours = ppg.Agent((3, 64, 64), envs.single_action_space)
+    assert [p.shape for p in ours.parameters()] == [p.shape for p in theirs.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
+    frames = torch.randint(0, 256, (5, 3, 64, 64), dtype=torch.uint8)
+    logits, value = ours(frames)
+    hidden = theirs.network(frames.float() / 255.0)
+    torch.testing.assert_close(logits, theirs.actor(hidden), rtol=0, atol=0)
+    torch.testing.assert_close(value, theirs.get_value(frames.float()).view(-1), rtol=0, atol=0)
+    torch.testing.assert_close(ours.get_pi_value_and_aux_value(frames)[2], theirs.get_pi_value_and_aux_value(frames.float())[2], rtol=0, atol=0)
+
+
+def test_the_value_head_reads_the_features_with_their_gradient_stopped_and_the_auxiliary_head_trains_the_encoder():
+    torch.manual_seed(0)
+    agent = ppg.Agent((4,), gym.spaces.Discrete(2))
+    obs = torch.randn(8, 4)
+    agent(obs)[1].sum().backward()  # the policy phase's value loss
+    assert all(p.grad is None for p in agent.trunk.parameters()) and agent.critic.weight.grad is not None
+    agent.zero_grad(set_to_none=True)
+    agent.get_pi_value_and_aux_value(obs)[2].sum().backward()  # the auxiliary value loss
+    assert all(p.grad is not None for p in agent.trunk.parameters())
+
+
+PPG_TINY = ["train", "ppg", "--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync", "--no-progress",
+            "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--n-iteration", "4", "--e-auxiliary", "2",
+            "--num-aux-rollouts", "2", "--precision", "fp32",
+            # normalisation would see the resumed run's restarted episodes; the model, optimiser, RNG streams and the
+            # phase's stored rollouts must carry over exactly
+            "--normalize", "False"]
+
+
+def same_model(a: Path, b: Path) -> None:
+    first, second = checkpoint.load_checkpoint(a), checkpoint.load_checkpoint(b)
+    assert first["global_step"] == second["global_step"]
+    for key in first["model"]:
+        assert torch.equal(first["model"][key], second["model"][key]), key
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_run_that_ended_mid_phase_goes_on_from_its_stored_rollouts_exactly(tmp_path):
+    # 6 iterations end halfway through the second phase: the checkpoint holds its 2 stored rollouts, and extended to 8
+    # iterations the run distils them with the next 2, as an uninterrupted 8-iteration run does
+    whole = run_fleetrl(*PPG_TINY, "--total-timesteps", str(8 * 32), "--run-dir", str(tmp_path / "whole"), timeout=240)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    part = run_fleetrl(*PPG_TINY, "--total-timesteps", str(6 * 32), "--run-dir", str(tmp_path / "part"), timeout=240)
+    assert part.returncode == 0, part.stderr[-3000:]
+    longer = run_fleetrl(*PPG_TINY, "--total-timesteps", str(8 * 32), "--run-dir", str(tmp_path / "part"), "--resume", "auto", timeout=240)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "distils the" not in longer.stderr, "the stored rollouts came back"
+    same_model(tmp_path / "whole", tmp_path / "part")
+    assert [p.step for p in read_scalars(tmp_path / "part", "losses/aux/kl_loss")] == [4 * 32, 8 * 32]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
+    # each env step sleeps 5 ms: an iteration (2 x 16 steps) lasts 0.16 s or more, while 40 auxiliary epochs keep
+    # every fourth iteration busy for longer, so the SIGTERM often arrives in an auxiliary phase; wherever it lands,
+    # the run checkpoints at the end of its iteration (mid-phase: with its stored rollouts) and the resumed run ends
+    # where an uninterrupted one does
+    common = [*PPG_TINY, "--env-id", "fleetrl_test_envs:SlowStateless-v0", "--e-auxiliary", "40", "--total-timesteps", str(12 * 32),
+              "--checkpoint-every", "1"]
+    whole = run_fleetrl(*common, "--run-dir", str(tmp_path / "whole"), timeout=240)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    proc = start_fleetrl_group(*common, "--run-dir", str(tmp_path / "part"))
+    with killed_on_exit(proc):
+        wait_for_checkpoint(proc, tmp_path / "part", min_step=2 * 32)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    stopped = checkpoint.load_checkpoint(tmp_path / "part")
+    assert 2 * 32 <= stopped["global_step"] < 12 * 32
+    resumed = run_fleetrl(*common, "--run-dir", str(tmp_path / "part"), "--resume", "auto", timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    same_model(tmp_path / "whole", tmp_path / "part")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_two_ranks_train_through_auxiliary_phases_to_bit_identical_replicas(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppg", "--env-id", "CartPole-v1", "--no-cuda",
+                    "--env-backend", "sync", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--n-iteration", "2",
+                    "--e-auxiliary", "2", "--num-aux-rollouts", "4", "--total-timesteps", str(4 * 128), "--run-dir", str(run_dir),
+                    timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout
+    assert [p.step for p in read_scalars(run_dir, "losses/aux/kl_loss")] == [256, 512]
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--env-id", "Pendulum-v1"], ["PPG", "Pendulum-v1"]),
+    (["--env-id", "CartPole-v1", "--n-iteration", "0"], ["--n-iteration", "0"]),
+    (["--env-id", "CartPole-v1", "--v-value", "2"], ["--v-value", "2"]),
+    (["--env-id", "CartPole-v1", "--beta-clone", "-1"], ["--beta-clone", "-1"]),
+    (["--env-id", "CartPole-v1", "--num-aux-rollouts", "0"], ["--num-aux-rollouts", "0"]),
+    (["--env-id", "CartPole-v1", "--ent-coef", "-0.5"], ["--ent-coef", "-0.5"]),
+    (["--env-id", "CartPole-v1", "--async-batch", "2"], ["--async-batch 2", "whole rollout"]),
+    (["--env-id", "CartPole-v1", "--policy-lag", "1"], ["--policy-lag"]),
+])
+def test_bad_input_is_refused_in_one_paragraph_before_anything_starts(tmp_path, flags, needles):
+    assert_train_refused("ppg", flags, needles, tmp_path / "run")
