@@ -87,6 +87,7 @@ class Sides:
     script: str
     label: str  # CleanRL's file, for tables
     flags: Callable[[str, argparse.Namespace], list[str]]
+    backend: str = "sync"  # fleetrl's --env-backend (CleanRL's scripts step a SyncVectorEnv, or EnvPool for Procgen)
 
 
 def command(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Namespace, run_dir: str) -> tuple[list[str], dict]:
@@ -96,7 +97,7 @@ def command(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Name
         env["CLEANRL_RUN_DIR"] = run_dir
         return ["taskset", "-c", opts.cpu, sys.executable, sides.script, *budget], env
     return ["taskset", "-c", opts.cpu, sys.executable, "-m", "fleetrl", "train", sides.algo, *budget, "--no-progress",
-            "--env-backend", "sync", "--torch-threads", "1", "--run-dir", run_dir], env
+            "--env-backend", sides.backend, "--torch-threads", "1", "--run-dir", run_dir], env
 
 
 def run_one(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Namespace, kind: str, repeat: int = 0) -> dict:

@@ -2,7 +2,7 @@
 against fleetrl's own PPO.
 
     python benchmarks/ppg_vs_cleanrl.py --lockstep
-    python benchmarks/ppg_vs_cleanrl.py --speed --env-id StarpilotEasy-v0 --steps 65536 --repeats 3
+    python benchmarks/ppg_vs_cleanrl.py --speed --env-id StarpilotEasy-v0 --num-envs 16 --n-iteration 4 --steps 32768 --repeats 3
     python benchmarks/ppg_vs_cleanrl.py --learn --env-id StarpilotEasy-v0 --seeds 1-3 --steps 2000000
 
 ``--lockstep`` compares the update code, as the issue asks (CleanRL's script runs the old procgen package, which does
@@ -17,8 +17,9 @@ and entropy (``fleetrl.nets.categorical_logprob_entropy``, not ``torch.distribut
 normalisation (float64, over all ranks) round differently. tests/test_ppg.py bounds those differences in ``make test``.
 
 ``--speed`` runs CleanRL's script (benchmarks/cleanrl/ppg_procgen.py, on EnvPool) and ``fleetrl train ppg`` side by
-side (benchmarks/cleanrl_side_by_side.py). ``--learn`` runs ``fleetrl train ppg`` and ``fleetrl train ppo`` at equal
-steps and compares them with ``fleetrl compare``.
+side (benchmarks/cleanrl_side_by_side.py), with the same ``--num-envs`` and ``--n-iteration``. ``--learn`` runs
+``fleetrl train ppg`` and ``fleetrl train ppo`` at equal steps (their Procgen defaults but ``--num-envs``), one seed
+each turn, and compares them with ``fleetrl compare``.
 """
 
 from __future__ import annotations
@@ -311,19 +312,44 @@ def lockstep(opts: argparse.Namespace) -> dict[str, str]:
 
 
 # ============================================================================ subprocess runs: speed and learning
-SIDES = Sides("ppg", CLEANRL_PPG, "ppg_procgen.py", lambda env_id, opts: ["--n-iteration", str(opts.n_iteration)])
+def budget(env_id: str, opts: argparse.Namespace) -> list[str]:
+    return ["--num-envs", str(opts.num_envs), "--n-iteration", str(opts.n_iteration)]
+
+
+SIDES = Sides("ppg", CLEANRL_PPG, "ppg_procgen.py", budget, backend="envpool")
+PPO = Sides("ppo", "", "", lambda env_id, opts: ["--num-envs", str(opts.num_envs)], backend="envpool")
+
+
+def learn_against_ppo(opts: argparse.Namespace) -> None:
+    """``fleetrl train ppg`` and ``fleetrl train ppo`` at equal steps, each seed, alternating, then ``fleetrl compare``."""
+    import shlex
+    import subprocess
+
+    low, _, high = opts.seeds.partition("-")
+    for i, seed in enumerate(range(int(low), int(high or low) + 1)):
+        for sides in ((SIDES, PPO) if i % 2 == 0 else (PPO, SIDES)):
+            r = side_by_side.run_one(sides, sides.algo, opts.env_id, seed, opts, "learn")
+            print(f"{sides.algo} {opts.env_id} seed {seed}: last-20 mean {r['score']:.2f} ({r['episodes']} episodes), "
+                  f"{r['wall_s'] / 60:.1f} min", flush=True)
+    out = os.path.abspath(opts.out)
+    compare = [sys.executable, "-m", "fleetrl", "compare", os.path.join(out, "learn", "ppg", opts.env_id),
+               os.path.join(out, "learn", "ppo", opts.env_id), "--labels", "fleetrl ppg", "fleetrl ppo",
+               "--out", os.path.join(out, "compare", opts.env_id)]
+    print(f"$ {shlex.join(compare)}", flush=True)
+    subprocess.run(compare, check=True)
 
 
 def main() -> None:
     parser = side_by_side.parser(__doc__, "StarpilotEasy-v0", 65536, 0, "ppg_vs_cleanrl")
-    parser.add_argument("--n-iteration", type=int, default=32, help="PPG's policy iterations per phase, both sides")
+    parser.add_argument("--n-iteration", type=int, default=32, help="PPG's policy iterations per phase (both PPGs)")
+    parser.add_argument("--num-envs", type=int, default=64, help="envs, every side")
     opts = parser.parse_args()
     if opts.lockstep:
         lockstep(opts)
     elif opts.speed:
         side_by_side.speed(SIDES, opts)
     else:
-        side_by_side.learn(SIDES, opts)
+        learn_against_ppo(opts)
 
 
 if __name__ == "__main__":
