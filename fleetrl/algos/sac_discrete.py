@@ -209,19 +209,16 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
             return stats
 
         # ------------------------------------------------------------------------ the loop
+        global_step, losses = run.global_step, {}  # global_step: env steps taken before this one, all envs of all ranks
         obs, _ = envs.reset(seed=run.env_seed)
-        global_step, losses = run.global_step, {}
         for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
             episodes = []  # (global step, return, length) finished on this rank
             for _ in range(STEPS_PER_ITERATION):
-                # ALGO LOGIC: put action logic here. global_step counts the env steps taken before this one (all envs
-                # of all ranks), as CleanRL's loop variable: uniformly random actions below --learning-starts
-                with log.timer.inference:
-                    if global_step < args.learning_starts:
-                        actions = uniform_actions(envs.single_action_space, run.local_num_envs)
-                    else:
-                        with torch.inference_mode():
-                            actions = actor.get_action(torch.as_tensor(network_input(obs), device=device))[0].cpu().numpy()
+                # ALGO LOGIC: put action logic here: uniformly random actions below --learning-starts, then the policy's samples
+                with log.timer.inference, torch.inference_mode():
+                    explore = global_step < args.learning_starts
+                    x = torch.as_tensor(network_input(obs), device=device)  # Atari frames stay bytes: the networks scale them
+                    actions = uniform_actions(envs.single_action_space, run.local_num_envs) if explore else actor.get_action(x)[0].cpu().numpy()
 
                 # TRY NOT TO MODIFY: execute the game, save data to the replay buffer, record finished episodes
                 obs = step_envs(envs, rb, obs, actions, global_step + args.num_envs, episodes, log.timer)  # logged at the steps done
