@@ -119,6 +119,7 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
     try:
         with tempfile.TemporaryDirectory() as runs:
             ppg.train(ppg.Args(env_id=env_id, seed=seed, torch_threads=1, cuda=False, env_backend="envpool", progress=False, precision="fp32",
+                               memory_format="contiguous",  # CleanRL's layout: channels-last rounds convolutions its own way
                                actor_device="cpu", run_dir=os.path.join(runs, "run"), **LOCKSTEP))
     finally:
         torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss = real[:4]

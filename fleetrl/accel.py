@@ -36,6 +36,7 @@ from fleetrl.nets import network_obs_dtype
 from fleetrl.optim import SGD
 
 PRECISIONS = ("auto", "fp32", "bf16")
+MEMORY_FORMATS = ("auto", "contiguous", "channels-last")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PROBE_STEPS = 3  # timed training steps per candidate setting, taken in turns after one untimed warm-up round
 PROBE_MAX_BATCH = 256  # the probe times at most this many samples a step: enough to rank the settings
@@ -50,6 +51,13 @@ def check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise FleetError(f"Unknown --precision {precision!r}; choose one of: {', '.join(PRECISIONS)} "
                          f"(auto picks bf16 only where the hardware runs it natively and it measures faster).")
+
+
+def check_memory_format(memory_format: str) -> None:
+    if memory_format not in MEMORY_FORMATS:
+        raise FleetError(f"Unknown --memory-format {memory_format!r}; choose one of: {', '.join(MEMORY_FORMATS)} (auto "
+                         f"measures both for a CNN and keeps contiguous unless channels-last is clearly faster; contiguous "
+                         f"gives the same bits as a PyTorch script such as CleanRL's on every machine).")
 
 
 def autocast(device_type: str, dtype: torch.dtype):
@@ -118,11 +126,14 @@ class Accel:
 
 
 def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.device, obs_space: Any, batch_size: int,
-                 dist: Any = None, verbose: bool = False, saved: dict[str, Any] | None = None) -> Accel:
+                 dist: Any = None, verbose: bool = False, saved: dict[str, Any] | None = None,
+                 memory_format: str = "auto") -> Accel:
     """Pick precision and memory format for ``model`` (measured once on this machine where there is a choice), apply
     them, and say why. The probe trains a copy of the model on ``batch_size`` observations from ``obs_space`` (one
-    minibatch). ``saved``: a resumed checkpoint's choice (:meth:`Accel.state`), kept as it was."""
+    minibatch). ``saved``: a resumed checkpoint's choice (:meth:`Accel.state`), kept as it was. ``memory_format``
+    (``--memory-format``): auto measures channels-last against contiguous for a CNN; the others pin one."""
     check_precision(precision)
+    check_memory_format(memory_format)
     configure_device(device)
     is_cnn = any(p.dim() == 4 for p in model.parameters())
     native, why_native = native_bf16(device)
@@ -130,9 +141,10 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
         dtypes = [torch.float32, torch.bfloat16] if native else [torch.float32]
     else:
         dtypes = [DTYPES[precision]]
-    candidates = [Accel(d, cl, compile) for d in dtypes for cl in ((False, True) if is_cnn else (False,))]
+    formats = {"auto": (False, True), "contiguous": (False,), "channels-last": (True,)}[memory_format] if is_cnn else (False,)
+    candidates = [Accel(d, cl, compile) for d in dtypes for cl in formats]
 
-    if saved is not None and precision in ("auto", saved["dtype"]):
+    if saved is not None and precision in ("auto", saved["dtype"]) and memory_format in ("auto", _format_name(saved)):
         choice = Accel(DTYPES[saved["dtype"]], bool(saved["channels_last"]) and is_cnn, compile)
         reason = "as the resumed checkpoint was trained"
     elif len(candidates) == 1:
@@ -141,6 +153,8 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
             reason = f"{why_native}, so fp32" if not native else "fp32"
         else:
             reason = f"--precision {precision}" + (f" (note: {why_native})" if precision == "bf16" and not native else "")
+        if memory_format != "auto" and is_cnn:
+            reason += f", --memory-format {memory_format}"
     else:
         obs_dtype = torch.uint8 if network_obs_dtype(obs_space.shape, obs_space.dtype) == np.uint8 else torch.float32  # as the learner sees them
         example_obs = torch.zeros((min(batch_size, PROBE_MAX_BATCH), *obs_space.shape), dtype=obs_dtype, device=device)
@@ -163,6 +177,10 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
     if verbose:
         print(f"precision: {choice.label} ({reason})", flush=True)
     return choice
+
+
+def _format_name(saved: dict[str, Any]) -> str:
+    return "channels-last" if saved["channels_last"] else "contiguous"
 
 
 def cache_dir() -> Path:

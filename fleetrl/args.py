@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetrl import config
-from fleetrl.accel import check_precision
+from fleetrl.accel import check_memory_format, check_precision
 from fleetrl.distributed import split_evenly
 from fleetrl.envs.stepping import check_flags as check_stepping_flags
 from fleetrl.envs.vector import check_async_batch
@@ -125,6 +125,8 @@ class OnPolicyArgs(CommonArgs):
     """where acting runs: cpu, the learner's device (`learner`), or auto (measured at start, the faster one)"""
     precision: str = "auto"
     """network precision: fp32, bf16 (autocast around the network only), or auto (bf16 where native and measured faster)"""
+    memory_format: str = "auto"
+    """CNNs: contiguous, channels-last, or auto (measured at start; channels-last only where clearly faster)"""
     compile: bool = False
     """wrap the learner step (loss, forward and backward) in torch.compile; falls back to eager with a warning if it fails"""
     frame_stack: int | None = None
@@ -147,6 +149,7 @@ def validate_onpolicy(args: Any, world_size: int, ranges: dict[str, config.Range
                       args.env_workers)
     check_actor_device(args.actor_device)
     check_precision(args.precision)
+    check_memory_format(args.memory_format)
 
 
 @dataclass

@@ -139,6 +139,35 @@ def test_a_resumed_run_keeps_the_settings_it_was_trained_with(monkeypatch):
     assert choice.state() == {"dtype": "fp32", "channels_last": True} and "resumed" in choice.reason
 
 
+@pytest.mark.parametrize("memory_format, channels_last", [("contiguous", False), ("channels-last", True)])
+def test_memory_format_pins_the_layout_whatever_the_measurement_would_say(tmp_path, monkeypatch, memory_format, channels_last):
+    """A lockstep against a PyTorch script needs contiguous on every host: a host where channels-last measures faster
+    would otherwise round the convolutions another way (CI's host did, and a lockstep parted by 1e-3)."""
+    import fleetrl.accel as accel
+
+    monkeypatch.setenv("FLEETRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(accel, "_time_training_steps", lambda *a, **k: pytest.fail("a pinned layout measures nothing"))
+    cnn = Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4))
+    choice = choose_accel(cnn, "fp32", False, torch.device("cpu"), IMAGE_SPACE, 32, memory_format=memory_format)
+    assert choice.channels_last == channels_last and f"--memory-format {memory_format}" in choice.reason
+    conv = next(p for p in cnn.parameters() if p.dim() == 4)
+    assert conv.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    # a resumed checkpoint trained the other way gives way to the pinned layout; one trained this way is kept
+    other = {"dtype": "fp32", "channels_last": not channels_last}
+    assert choose_accel(Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4)), "auto", False, torch.device("cpu"), IMAGE_SPACE, 32,
+                        saved=other, memory_format=memory_format).channels_last == channels_last
+    same = {"dtype": "fp32", "channels_last": channels_last}
+    kept = choose_accel(Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4)), "auto", False, torch.device("cpu"), IMAGE_SPACE, 32,
+                        saved=same, memory_format=memory_format)
+    assert kept.channels_last == channels_last and "resumed" in kept.reason
+
+
+def test_bad_memory_format_gets_a_clear_error_and_nonzero_exit(tmp_path):
+    proc = run_fleetrl_in_process("train", "ppo", "--memory-format", "nhwc", "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--memory-format" in proc.stderr and "contiguous" in proc.stderr and "channels-last" in proc.stderr
+
+
 def test_bad_precision_gets_a_clear_error_and_nonzero_exit(tmp_path):
     proc = run_fleetrl_in_process("train", "ppo", "--precision", "fp16", "--run-dir", str(tmp_path / "run"))
     assert proc.returncode != 0

@@ -487,6 +487,7 @@ def train_junk(draw) -> tuple[list[str], str | None]:
     argv += ["--env-id", draw(st.sampled_from([env_id] * 6 + ["Pendulum-v1", "CartPole-v1", "", "NoSuchEnv-v0", "no_such_module:Env-v0"]))]
     argv += draw(sizes()) + draw(numeric_flags(ranges, junk=True))[0]
     options = {"--resume": ["auto", "missing.pt", "", "run"], "--precision": ["fp32", "bf16", "", "fp16"],
+               "--memory-format": ["contiguous", "channels-last", "", "nhwc"],
                "--actor-device": ["cpu", "learner", "gpu", ""], "--exp-name": ["", "a/b", "x"]}
     for extra in draw(st.lists(st.sampled_from(["--no-progress", "--no-cuda", "--no-norm-adv", *options, *UNKNOWN_FLAGS]),
                                max_size=3, unique=True)):

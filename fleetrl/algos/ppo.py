@@ -302,7 +302,7 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
         dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
         # precision and memory format: measured once on this machine (or as the resumed run had them), explained
         accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
-                             dist, verbose=dist.is_main, saved=run.remembered("accel"))
+                             dist, verbose=dist.is_main, saved=run.remembered("accel"), memory_format=args.memory_format)
         run.remember(accel=accel.state())
         loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=adam_eps, fused=True)  # one kernel for all params

@@ -225,7 +225,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         dist.broadcast_parameters(q_network)  # every replica starts from rank 0's parameters
         accel = choose_accel(q_network, args.precision, args.compile, device, envs.single_observation_space,
                              run.local_num_envs * args.num_steps // args.num_minibatches, dist, verbose=dist.is_main,
-                             saved=run.remembered("accel"))
+                             saved=run.remembered("accel"), memory_format=args.memory_format)
         run.remember(accel=accel.state())
         loss_fn = accel.compiled(td_loss, q_network, dist)  # torch.compile with --compile (eager if it fails), else td_loss
         optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate)  # torch's RAdam, bit for bit, in one flat step
