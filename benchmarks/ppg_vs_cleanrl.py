@@ -67,7 +67,7 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
     from fleetrl.distributed import Dist
 
     record = Record()
-    real = (torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss, ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.__call__,
+    real = (torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss, ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.after_update,
             ppg.AuxiliaryPhase.distil, torch.Tensor.backward)
     randperm, shuffle, normalize, ppo_loss, aux_init, aux_call, distil, backward = real
     in_distil = [False]
@@ -114,7 +114,7 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
         return backward(self, *args, **kwargs)
 
     torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss = record_randperm, record_shuffle, record_normalize, record_loss
-    ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.__call__, ppg.AuxiliaryPhase.distil = record_init, record_call, record_distil
+    ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.after_update, ppg.AuxiliaryPhase.distil = record_init, record_call, record_distil
     torch.Tensor.backward = record_backward
     try:
         with tempfile.TemporaryDirectory() as runs:
@@ -123,7 +123,7 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
                                actor_device="cpu", run_dir=os.path.join(runs, "run"), **LOCKSTEP))
     finally:
         torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss = real[:4]
-        ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.__call__, ppg.AuxiliaryPhase.distil, torch.Tensor.backward = real[4:]
+        ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.after_update, ppg.AuxiliaryPhase.distil, torch.Tensor.backward = real[4:]
     return record
 
 

@@ -158,7 +158,7 @@ class AuxiliaryPhase:
     and, after every --n-iteration-th iteration, distils. Checkpointed with the run (``run.register_shard``): the
     rollouts stored so far in the phase, none at a phase's end."""
 
-    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync):
+    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, envs):
         self.args, self.dist, self.device = run.args, run.dist, run.device
         self.agent, self.optimizer, self.grad_sync = agent, optimizer, grad_sync
         self.num_envs = run.local_num_envs
@@ -168,7 +168,7 @@ class AuxiliaryPhase:
         self.stored = 0  # rollouts kept in this phase
         run.register_shard(aux_rollouts=self)
 
-    def __call__(self, iteration: int, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def after_update(self, iteration: int, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """After iteration ``iteration``'s policy update: keep its rollout; at a phase's end, the auxiliary phase."""
         args = self.args
         if self.aux_obs is None:
@@ -250,7 +250,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
     """Train PPG, in one process or under torchrun: PPO's loop (fleetrl/algos/ppo.py) with PPG's agent, Adam's epsilon
     and, after each iteration's update, the auxiliary phase's storage and, every --n-iteration iterations, its distillation."""
     return ppo.train(args, explicit, algo="ppg", family_defaults=FAMILY_DEFAULTS, validate=validate, agent_type=Agent, adam_eps=1e-8,
-                     auxiliary=AuxiliaryPhase)
+                     extension=AuxiliaryPhase)
 
 
 # ============================================================================ evaluation

@@ -233,7 +233,12 @@ def ppo_loss(agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist: Dist) 
     Under torchrun each rank holds 1/W of the global minibatch; advantages are normalised with
     all-reduced figures, so the averaged gradient is the gradient of the global minibatch.
     """
-    newlogprob, entropy, newvalue = agent.evaluate(mb)
+    return clipped_losses(*agent.evaluate(mb), mb, args, dist)
+
+
+def clipped_losses(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Tensor, mb: dict[str, torch.Tensor], args: Args,
+                   dist: Dist) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's loss from the minibatch's new log-probabilities, entropies and values (PPO-RND adds its own terms)."""
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
@@ -280,12 +285,15 @@ def minibatches(batch: dict[str, torch.Tensor], num_steps: int, num_minibatches:
 # ============================================================================ training
 def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", family_defaults: dict = FAMILY_DEFAULTS,
           validate: Callable = validate, agent_type: type = Agent, rollout: Callable = rollout,
-          minibatches: Callable = minibatches, adam_eps: float = 1e-5, auxiliary: Callable | None = None) -> TrainResult:
+          minibatches: Callable = minibatches, adam_eps: float = 1e-5, extension: Callable | None = None) -> TrainResult:
     """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line
     (they win over a resumed run's saved arguments). The keywords are what a variant changes (fleetrl/algos/ppo_lstm.py:
-    a recurrent agent, a rollout that carries its state, minibatches of whole env sequences; fleetrl/algos/ppg.py: Adam's
-    ``adam_eps`` and ``auxiliary(run, agent, optimizer, grad_sync)``, made before the run is restored, which returns
-    what runs after each iteration's update: ``(iteration, batch) -> scalars`` to log, PPG's auxiliary phase)."""
+    a recurrent agent, a rollout that carries its state, minibatches of whole env sequences; fleetrl/algos/ppg.py and
+    ppo_rnd.py: Adam's ``adam_eps`` and ``extension(run, agent, optimizer, grad_sync, envs)``, made before the run is
+    restored, whose methods, where it has them, replace or add a step: ``advantage(buffer) -> extra batch fields``
+    (it fills the buffer's advantages and returns; PPO-RND's two value streams), ``loss`` (ppo_loss's signature),
+    ``after_update(iteration, batch) -> scalars`` to log (PPG's auxiliary phase); ``needs_next_obs`` keeps what
+    ``buffer.next_obs()`` reads, and ``charts`` is logged as charts/NAME)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
     with Run.start(args, explicit, family_defaults, validate, algo=algo, lag_worker="sampler thread") as run:
@@ -304,11 +312,12 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
         accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
                              dist, verbose=dist.is_main, saved=run.remembered("accel"), memory_format=args.memory_format)
         run.remember(accel=accel.state())
-        loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=adam_eps, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=agent, optimizer=optimizer)  # what checkpoints hold, besides every rank's RNG streams
-        after_update = auxiliary(run, agent, optimizer, grad_sync) if auxiliary is not None else None  # PPG's auxiliary phase
+        ext = extension(run, agent, optimizer, grad_sync, envs) if extension is not None else None  # PPG's, PPO-RND's
+        # torch.compile with --compile (eager if it fails), else ppo_loss (or the extension's)
+        loss_fn = accel.compiled(getattr(ext, "loss", ppo_loss), agent, dist)
         # --normalize (MuJoCo's and Procgen's default): one set of observation and reward statistics for all envs of all
         # ranks (their sums are all-reduced every step, or once an iteration with --policy-lag 1); images: rewards only
         obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if args.normalize and len(obs_shape) == 1 else None
@@ -321,7 +330,8 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
         sampler = run.closing(Sampler(envs, agent, args.num_steps, rollout=rollout, device=device, seed=run.seed, env_seed=run.env_seed,
                                       timer=log.timer, actor_device=args.actor_device, saved_actor_device=run.remembered("actor_device"),
                                       policy_lag=args.policy_lag, async_batch=async_batch, obs_norm=obs_norm, reward_norm=reward_norm,
-                                      global_step=run.global_step, global_envs=args.num_envs, verbose=dist.is_main))  # closing: its thread, the envs
+                                      global_step=run.global_step, global_envs=args.num_envs, verbose=dist.is_main,
+                                      keep_next_obs=getattr(ext, "needs_next_obs", False)))  # closing: its thread, the envs
         run.remember(actor_device=sampler.acts_on)  # where auto acts, measured once (or as the resumed run did): a resume keeps it
         run.register_per_rank(actor=sampler)  # each rank's sampling noise
         run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
@@ -336,13 +346,17 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
 
             # ---------------------------------------------------------------- advantage
             with log.timer.learn:
-                buffer.advantages[:] = gae(buffer, args.gamma, args.gae_lambda)
-                buffer.returns[:] = buffer.advantages + buffer.values
+                if hasattr(ext, "advantage"):  # PPO-RND: intrinsic and extrinsic advantages, mixed
+                    extra = ext.advantage(buffer)
+                else:
+                    buffer.advantages[:] = gae(buffer, args.gamma, args.gae_lambda)
+                    buffer.returns[:] = buffer.advantages + buffer.values
+                    extra = {}
 
             # ---------------------------------------------------------------- update
             with log.timer.learn:
                 agent.train()
-                batch = {k: v.to(device) for k, v in buffer.flat().items()}
+                batch = {k: v.to(device) for k, v in {**buffer.flat(), **extra}.items()}
                 if args.adv_norm_fullbatch:  # PPG code does full batch advantage normalization (over all ranks' batches)
                     batch["advantages"] = dist.normalize(batch["advantages"])
                 clipfracs = []
@@ -358,15 +372,16 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
                         clipfracs.append(stats["clipfrac"])
                     if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
                         break
-                if after_update is not None:  # PPG: store the rollout; every --n-iteration iterations, the auxiliary phase
-                    stats.update(after_update(iteration, batch))
+                if hasattr(ext, "after_update"):  # PPG: store the rollout; every --n-iteration iterations, the auxiliary phase
+                    stats.update(ext.after_update(iteration, batch))
             sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
 
             # ---------------------------------------------------------------- logging
             stats["clipfrac"], stats["loss"] = torch.stack(clipfracs).mean(), loss_and_kl[0]  # a non-finite loss stops the run
             stats["explained_variance"] = explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np)
             run.end_iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,  # and SPS, perf, resources, checkpoints
-                          charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag})
+                          charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag,
+                                  **getattr(ext, "charts", {})})
         return run.finish(agent)
 
 

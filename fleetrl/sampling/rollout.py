@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -41,12 +43,27 @@ class RolloutBuffer:
         if state_shape is not None:  # a recurrent policy: each transition's state before the step, and episode starts
             self.states = np.zeros(shape + tuple(state_shape), dtype=np.float32)
             self.starts = np.zeros(shape, dtype=bool)
+        # kept where the sampler is asked to (keep_next_obs): what next_obs() reads besides the rows
+        self.last_obs: np.ndarray | None = None  # per env: the observation after its last transition
+        self.final_obs: list[tuple[int, np.ndarray, np.ndarray]] = []  # (row, env ids, last observations) where episodes ended
         self.episodes: list[tuple[int, float, int]] = []
         self.global_step = 0
         self.policy_version = 0
         self.acting_version = 0.0  # the version that acted, averaged over the transitions (first-ready mixes two)
         self.actor_state: dict = {}  # the sampling RNG after this rollout (what a checkpoint saves)
         self.norm_sums: list = []  # --policy-lag 1: this rollout's normalisation sums, merged by the learner
+
+    def next_obs(self, pick: Callable[[np.ndarray], np.ndarray] = lambda obs: obs) -> np.ndarray:
+        """Each transition's next observation, ``(num_steps, num_envs, ...)``, through ``pick`` (a part of each, say the
+        newest frame, to save memory): the next row's observation, the one after the last row for the last, and the
+        episode's last observation where an episode ended (the next row starts the following one). Rows must be steps
+        (not first-ready batches), and the sampler made with ``keep_next_obs``."""
+        if self.last_obs is None or self.env_ids is not None:
+            raise ValueError("next_obs needs a rollout of steps sampled with keep_next_obs=True.")
+        following = np.concatenate([pick(self.obs[1:]), pick(self.last_obs)[None]])
+        for row, env_ids, final_obs in self.final_obs:
+            following[row, env_ids] = pick(final_obs)
+        return following
 
     def flat(self) -> dict[str, torch.Tensor]:
         """The batch as torch tensors of shape ``(num_steps * num_envs, ...)``, row by row (step by step), sharing memory."""

@@ -152,6 +152,7 @@ class Sampler:
         global_step: int = 0,
         global_envs: int | None = None,
         acting_threads: int = ACTING_THREADS,
+        keep_next_obs: bool = False,
         verbose: bool = False,
     ):
         check_actor_device(actor_device)
@@ -161,6 +162,7 @@ class Sampler:
         self.obs_norm, self.reward_norm = obs_norm, reward_norm
         self.env_seed = env_seed
         self.acting_threads = acting_threads
+        self.keep_next_obs = keep_next_obs  # rollouts keep what RolloutBuffer.next_obs needs (PPO-RND's curiosity)
         self._global_envs = global_envs or self.num_envs
         self._step = global_step
 
@@ -352,7 +354,7 @@ class Sampler:
     def _fill(self, b: RolloutBuffer) -> RolloutBuffer:
         """Run the algorithm's rollout loop over the envs as this mode schedules them, filling ``b``."""
         self.acting_agent.eval()
-        b.episodes, b.policy_version = [], self.acting_version
+        b.episodes, b.policy_version, b.final_obs = [], self.acting_version, []
         start = self._step
         steps = self._due_first_ready(b, start) if self.mode == "first-ready" else self._due_in_turns(b, start)
         self.rollout(steps)
@@ -396,6 +398,8 @@ class Sampler:
                 else:
                     self._next_obs[g] = obs
         b.last_values[:] = self.timed_actor.value(self._next_obs, self._state, self._episode_start)
+        if self.keep_next_obs:
+            b.last_obs = self._next_obs.copy()
         b.acting_version = float(self.acting_version)
 
     def _due_first_ready(self, b: RolloutBuffer, start: int) -> Iterator[Due]:
@@ -444,6 +448,9 @@ class Sampler:
             state = None if self._state is None else self._state[ids[truncated]]  # after the step that ended the episode
             final_values[truncated] = self.timed_actor.value(final_obs, state)
         b.final_values[slot] = final_values
+        if self.keep_next_obs and done.any():  # the episodes' last observations (the next rows hold their successors' first)
+            final_obs = np.stack(list(info["final_obs"][done]))
+            b.final_obs.append((slot[0], ids[done], self.obs_norm.normalize(final_obs) if self.obs_norm is not None else final_obs))
         b.episodes += [(tag, r, l) for r, l in episode_stats(info)]
         return obs
 
