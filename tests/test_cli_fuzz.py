@@ -1,5 +1,5 @@
 """Fuzzed command lines: random and boundary values (0, negatives, NaN, inf, huge numbers, empty strings,
-unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, ppg, dqn, pqn, sac, td3, ddpg, sac_discrete), `eval`, `bench-env`,
+unknown flags, paths that do not exist) thrown at `fleetrl train` (ppo, ppo_lstm, ppg, ppo_rnd, dqn, pqn, sac, td3, ddpg, sac_discrete), `eval`, `bench-env`,
 `benchmark`, `tune`, `plot`, `compare` and `preflight`.
 
 Two properties per command:
@@ -268,6 +268,14 @@ PPG_RANGES = {
     "--num-aux-rollouts": (ints, whole(1)),
     "--n-aux-grad-accum": (ints, whole(1)),
 }
+PPO_RND_RANGES = {
+    **PPO_RANGES,
+    "--update-proportion": (floats, FRACTION),
+    "--int-coef": (floats, NON_NEGATIVE),
+    "--ext-coef": (floats, NON_NEGATIVE),
+    "--int-gamma": (floats, FRACTION),
+    "--num-iterations-obs-norm-init": (ints, whole(0)),
+}
 SAC_DISCRETE_RANGES = {
     **OFFPOLICY_RANGES,
     "--policy-lr": (floats, POSITIVE),
@@ -426,11 +434,18 @@ def ppg_sizes(draw) -> list[str]:
     return sizes[:epochs] + ["--e-policy", sizes[epochs + 1], "--n-iteration", "1", "--num-aux-rollouts", "1"] + sizes[epochs + 2:]
 
 
+@st.composite
+def ppo_rnd_sizes(draw) -> list[str]:
+    """PPO's one-iteration run, after a random-action start of the observation statistics of 0 to 2 rollouts."""
+    return draw(train_sizes()) + ["--num-iterations-obs-norm-init", draw(st.sampled_from(["0", "1", "2"]))]
+
+
 # algorithm: (its env here, the sizes of a one-iteration run, its flags' ranges, what a check across flags says)
 ALGOS = {
     "ppo": ("CartPole-v1", train_sizes, PPO_RANGES, TRAIN_ACROSS),
     "ppo_lstm": ("CartPole-v1", train_sizes, PPO_RANGES, TRAIN_ACROSS + ("sequence", "split evenly")),
     "ppg": ("CartPole-v1", ppg_sizes, PPG_RANGES, TRAIN_ACROSS),
+    "ppo_rnd": ("CartPole-v1", ppo_rnd_sizes, PPO_RND_RANGES, TRAIN_ACROSS),
     "dqn": ("CartPole-v1", offpolicy_sizes, DQN_RANGES, OFFPOLICY_ACROSS),
     "pqn": ("CartPole-v1", train_sizes, PQN_RANGES, TRAIN_ACROSS),
     "sac": ("Pendulum-v1", offpolicy_sizes, SAC_RANGES, OFFPOLICY_ACROSS),
@@ -465,7 +480,7 @@ def test_train_refuses_every_number_out_of_its_range_and_starts_with_the_others(
     check_train_numbers("ppo", sizes, numbers)
 
 
-@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete", "ppg"])
+@pytest.mark.parametrize("algo", ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete", "ppg", "ppo_rnd"])
 def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_the_others(algo, engine_sentinels):
     _, sizes, ranges, _ = ALGOS[algo]
 
@@ -479,7 +494,7 @@ def test_each_algorithm_refuses_every_number_out_of_its_range_and_starts_with_th
 
 @st.composite
 def train_junk(draw) -> tuple[list[str], str | None]:
-    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete", "ppg"]))
+    algo = draw(st.sampled_from(["ppo"] * 4 + ["ppo_lstm", "dqn", "pqn", "sac", "td3", "ddpg", "sac_discrete", "ppg", "ppo_rnd"]))
     env_id, sizes, ranges, _ = ALGOS[algo]
     run_dir = draw(st.sampled_from(["run", "run", "nested/deeper/run", "", ".", None]))
     argv = ["train", algo, *(["--run-dir", run_dir] if run_dir is not None else [])]

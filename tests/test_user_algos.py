@@ -28,6 +28,7 @@ TINY = {
     "ppo_lstm": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "ppg": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32", "--n-iteration", "2", "--e-auxiliary", "1",
                             "--num-aux-rollouts", "2"], 512),
+    "ppo_rnd": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32", "--num-iterations-obs-norm-init", "1"], 512),
     "dqn": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000"], 600),
     "c51": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000"], 600),
     "rainbow": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000", "--batch-size", "32"], 600),

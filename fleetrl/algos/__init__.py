@@ -10,4 +10,4 @@ Each module exposes:
 ``fleetrl train``, ``eval``, ``benchmark`` and ``tune`` work for every algorithm listed here.
 """
 
-ALGOS = ("ppo", "ppo_lstm", "ppg", "dqn", "c51", "rainbow", "pqn", "sac", "sac_discrete", "td3", "ddpg")
+ALGOS = ("ppo", "ppo_lstm", "ppg", "ppo_rnd", "dqn", "c51", "rainbow", "pqn", "sac", "sac_discrete", "td3", "ddpg")

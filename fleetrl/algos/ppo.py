@@ -237,8 +237,9 @@ def ppo_loss(agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist: Dist) 
 
 
 def clipped_losses(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Tensor, mb: dict[str, torch.Tensor], args: Args,
-                   dist: Dist) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's loss from the minibatch's new log-probabilities, entropies and values (PPO-RND adds its own terms)."""
+                   dist: Dist, more_value_loss: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's loss from the minibatch's new log-probabilities, entropies and values. ``more_value_loss``: another value
+    head's loss, added to the value loss before its coefficient (PPO-RND's intrinsic value, as CleanRL adds it)."""
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
@@ -264,6 +265,8 @@ def clipped_losses(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: to
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+    if more_value_loss is not None:
+        v_loss = v_loss + more_value_loss
 
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef

@@ -14,7 +14,7 @@ import gymnasium as gym
 
 from fleetrl.errors import UnsupportedSpaceError
 
-SUPPORTED_ACTIONS = {"ppo": ("Discrete", "Box"), "ppg": ("Discrete",), "dqn": ("Discrete",), "c51": ("Discrete",), "rainbow": ("Discrete",), "sac": ("Box",), "sac_discrete": ("Discrete",), "td3": ("Box",), "ddpg": ("Box",)}
+SUPPORTED_ACTIONS = {"ppo": ("Discrete", "Box"), "ppg": ("Discrete",), "ppo_rnd": ("Discrete",), "dqn": ("Discrete",), "c51": ("Discrete",), "rainbow": ("Discrete",), "sac": ("Box",), "sac_discrete": ("Discrete",), "td3": ("Box",), "ddpg": ("Box",)}
 # which algorithm to use instead, when the action space is one fleetrl trains with another algorithm
 _OTHER_ALGOS = {"Discrete": "`fleetrl train ppo`, `dqn` or `sac_discrete`", "Box": "`fleetrl train ppo`, `sac`, `td3` or `ddpg`"}
 

@@ -1,0 +1,314 @@
+"""fleetrl's PPO-RND against CleanRL's ppo_rnd_envpool.py (issue 36): its networks and update code in lockstep.
+
+    python benchmarks/ppo_rnd_vs_cleanrl.py --lockstep [--env-id BreakoutNoFrameskip-v4] [--seed 1]
+
+``fleetrl.algos.ppo_rnd.train`` runs a short Atari job, recorded where its loop calls the curiosity: the initial
+weights, each iteration's rollout (its extrinsic rewards and values, episode ends, intrinsic rewards and values, as
+the curiosity computed them) and advantages, the observation statistics the predictor trained with, every minibatch
+with the torch RNG state its loss started from, every loss, and the weights after each iteration. CleanRL's code, as
+its file writes it (benchmarks/cleanrl/ppo_rnd_envpool.py: its Agent and RNDModel, its two-stream GAE, its
+minibatch loss and step), then runs on the same inputs, in the same order, from the same seed. It reports where the
+two part and by how much. The initial weights are identical (the same seed makes the same networks) and so are the
+advantages; the update is identical given fleetrl's rounding of two quantities (the log-probabilities without
+``torch.distributions``, and the advantages' normalisation in float64), and otherwise differs by rounding only.
+tests/test_ppo_rnd.py bounds it in ``make test``.
+
+Not compared here: the intrinsic rewards' scaling, where fleetrl's running discount goes along each env's steps and
+CleanRL's along the envs (docs/algorithms.md), and the random-action start of the statistics (the envs differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import cleanrl_side_by_side as side_by_side  # noqa: E402
+
+# a short job: 3 iterations of 4 envs x 32 steps, 2 minibatches, 2 epochs, the statistics started by 1 random rollout
+LOCKSTEP = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, num_iterations_obs_norm_init=1, total_timesteps=3 * 4 * 32)
+
+
+@dataclass
+class Record:
+    initial: dict[str, Any] = field(default_factory=dict)
+    rollouts: list[dict[str, np.ndarray]] = field(default_factory=list)  # the advantage's inputs and outputs
+    obs_stats: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # after each rollout: (mean, var)
+    minibatches: list[tuple[dict[str, Any], Any]] = field(default_factory=list)  # (minibatch, torch RNG state before its loss)
+    losses: list[float] = field(default_factory=list)
+    weights: list[list[Any]] = field(default_factory=list)  # after each iteration's update
+
+
+def fleetrl_record(env_id: str, seed: int) -> Record:
+    """fleetrl's PPO-RND on ``LOCKSTEP``'s job, recorded where its loop calls the curiosity."""
+    import torch
+
+    from fleetrl import checkpoint
+    from fleetrl.algos import ppo_rnd
+
+    record = Record()
+    curiosity = ppo_rnd.Curiosity
+    real = (curiosity.__init__, curiosity.advantage, curiosity.loss)
+
+    def record_init(self, run, agent, *args):
+        record.initial = {k: v.clone() for k, v in agent.state_dict().items()}
+        real[0](self, run, agent, *args)
+
+    def record_advantage(self, b):
+        if record.rollouts:  # the weights the previous iteration's update left
+            record.weights.append([p.detach().clone() for p in self.agent.parameters() if p.requires_grad])
+        curiosity_seen = {}
+        update = self.discounted_reward.update
+
+        def keep(rews):
+            curiosity_seen.setdefault("rewards", []).append(np.array(rews))
+            return update(rews)
+
+        self.discounted_reward.update = keep
+        try:
+            extra = real[1](self, b)
+        finally:
+            del self.discounted_reward.update
+        record.rollouts.append(dict(rewards=b.rewards.copy(), dones=b.dones.copy(), terminated=b.terminated.copy(), values=b.values.copy(),
+                                    last_values=b.last_values.copy(), curiosity=np.stack(curiosity_seen["rewards"]),
+                                    reward_var=float(self.reward_rms.var), advantages=b.advantages.copy(), returns=b.returns.copy(),
+                                    int_returns=extra["int_returns"].numpy().copy(), int_values=self.int_values.copy(),
+                                    next_value_int=self.next_value_int.copy()))
+        record.obs_stats.append((self.obs_rms.mean.copy(), self.obs_rms.var.copy()))
+        return extra
+
+    def record_loss(self, agent, mb, args, dist):
+        record.minibatches.append(({k: v.clone() for k, v in mb.items()}, torch.get_rng_state()))
+        loss, stats = real[2](self, agent, mb, args, dist)
+        record.losses.append(loss.item())
+        return loss, stats
+
+    curiosity.__init__, curiosity.advantage, curiosity.loss = record_init, record_advantage, record_loss
+    try:
+        with tempfile.TemporaryDirectory() as runs:
+            run_dir = os.path.join(runs, "run")
+            ppo_rnd.train(ppo_rnd.Args(env_id=env_id, seed=seed, torch_threads=1, cuda=False, env_backend="ale", progress=False,
+                                       precision="fp32", memory_format="contiguous", actor_device="cpu", run_dir=run_dir, **LOCKSTEP))
+            model = checkpoint.load_checkpoint(run_dir)["model"]
+    finally:
+        curiosity.__init__, curiosity.advantage, curiosity.loss = real
+    record.weights.append([model[k] for k, v in record.initial.items() if not k.startswith("rnd.target.")])
+    return record
+
+
+def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, fleetrl_advantages: bool = False, fleetrl_logprobs: bool = False) -> Record:
+    """CleanRL's ppo_rnd_envpool.py code on fleetrl's rollouts: its GAE over both streams from the same rewards and
+    values, and its minibatch loss and step on fleetrl's minibatches, each from the same torch RNG state (its update
+    mask). ``fused_adam``: fleetrl's deliberate difference (one kernel for all parameters). Two switches give it fleetrl's rounding: ``fleetrl_advantages`` (``Dist.normalize``) and
+    ``fleetrl_logprobs`` (``fleetrl.nets.categorical_logprob_entropy``)."""
+    from types import SimpleNamespace
+
+    import gymnasium as gym
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import torch.optim as optim
+
+    from fleetrl.distributed import Dist
+    from fleetrl.nets import categorical_logprob_entropy
+
+    sys.path.insert(0, os.path.join(HERE, "cleanrl"))
+    from ppo_rnd_envpool import Agent, Args, RNDModel  # CleanRL's, from its file (benchmarks/cleanrl/)
+
+    args = Args(seed=seed, env_id="", **{k: v for k, v in LOCKSTEP.items()})
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // args.num_minibatches)
+    num_updates = args.total_timesteps // args.batch_size
+    device = torch.device("cpu")
+    envs = SimpleNamespace(single_action_space=gym.spaces.Discrete(len(ours.initial["actor.2.bias"])))
+    theirs = Record()
+    torch.manual_seed(seed)  # TRY NOT TO MODIFY: seeding (fleetrl's run seeds torch alike before it makes its agent)
+    agent = Agent(envs).to(device)
+    rnd_model = RNDModel(4, envs.single_action_space.n).to(device)
+    theirs.initial = {k: v.clone() for k, v in [*agent.state_dict().items(), *((f"rnd.{k}", v) for k, v in rnd_model.state_dict().items())]}
+    combined_parameters = list(agent.parameters()) + list(rnd_model.predictor.parameters())
+    optimizer = optim.Adam(combined_parameters, lr=args.learning_rate, eps=1e-5, **({"fused": True} if fused_adam else {}))  # fleetrl: fused
+    minibatches = iter(ours.minibatches)
+
+    for update, (rollout, (mean, var)) in enumerate(zip(ours.rollouts, ours.obs_stats), 1):
+        frac = 1.0 - (update - 1.0) / num_updates
+        optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # bootstrap value if not done (fleetrl's dones[t] ends transition t; CleanRL's dones[t] began step t)
+        rewards, ext_values = torch.from_numpy(rollout["rewards"]), torch.from_numpy(rollout["values"])
+        curiosity_rewards = torch.from_numpy(rollout["curiosity"]) / np.sqrt(rollout["reward_var"])
+        int_values = torch.from_numpy(rollout["int_values"])
+        dones = torch.zeros_like(rewards)
+        dones[1:] = torch.from_numpy(rollout["dones"][:-1].astype(np.float32))
+        next_done = torch.from_numpy(rollout["dones"][-1].astype(np.float32))
+        next_value_ext = torch.from_numpy(rollout["last_values"]).reshape(1, -1)
+        next_value_int = torch.from_numpy(rollout["next_value_int"]).reshape(1, -1)
+        with torch.no_grad():
+            ext_advantages = torch.zeros_like(rewards, device=device)
+            int_advantages = torch.zeros_like(curiosity_rewards, device=device)
+            ext_lastgaelam = 0
+            int_lastgaelam = 0
+            for t in reversed(range(args.num_steps)):
+                if t == args.num_steps - 1:
+                    ext_nextnonterminal = 1.0 - next_done
+                    int_nextnonterminal = 1.0
+                    ext_nextvalues = next_value_ext
+                    int_nextvalues = next_value_int
+                else:
+                    ext_nextnonterminal = 1.0 - dones[t + 1]
+                    int_nextnonterminal = 1.0
+                    ext_nextvalues = ext_values[t + 1]
+                    int_nextvalues = int_values[t + 1]
+                ext_delta = rewards[t] + args.gamma * ext_nextvalues * ext_nextnonterminal - ext_values[t]
+                int_delta = curiosity_rewards[t] + args.int_gamma * int_nextvalues * int_nextnonterminal - int_values[t]
+                ext_advantages[t] = ext_lastgaelam = (
+                    ext_delta + args.gamma * args.gae_lambda * ext_nextnonterminal * ext_lastgaelam
+                )
+                int_advantages[t] = int_lastgaelam = (
+                    int_delta + args.int_gamma * args.gae_lambda * int_nextnonterminal * int_lastgaelam
+                )
+            ext_returns = ext_advantages + ext_values
+            int_returns = int_advantages + int_values
+        b_advantages = int_advantages.reshape(-1) * args.int_coef + ext_advantages.reshape(-1) * args.ext_coef
+        theirs.rollouts.append(dict(advantages=b_advantages.numpy(), returns=ext_returns.reshape(-1).numpy(),
+                                    int_returns=int_returns.reshape(-1).numpy()))
+
+        for epoch in range(args.update_epochs):
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb, rng_state = next(minibatches)  # fleetrl's minibatch, in its order, and the RNG its loss began with
+                torch.set_rng_state(rng_state)
+                b_obs = mb["obs"].float()
+                rnd_next_obs = (
+                    (
+                        (b_obs[:, 3, :, :].reshape(-1, 1, 84, 84) - torch.from_numpy(mean).to(device))
+                        / torch.sqrt(torch.from_numpy(var).to(device))
+                    ).clip(-5, 5)
+                ).float()
+
+                predict_next_state_feature, target_next_state_feature = rnd_model(rnd_next_obs)
+                forward_loss = F.mse_loss(
+                    predict_next_state_feature, target_next_state_feature.detach(), reduction="none"
+                ).mean(-1)
+
+                mask = torch.rand(len(forward_loss), device=device)
+                mask = (mask < args.update_proportion).type(torch.FloatTensor).to(device)
+                forward_loss = (forward_loss * mask).sum() / torch.max(
+                    mask.sum(), torch.tensor([1], device=device, dtype=torch.float32)
+                )
+                if fleetrl_logprobs:  # fleetrl: the same quantities, computed as fleetrl.nets computes them
+                    hidden = agent.network(b_obs / 255.0)
+                    features = agent.extra_layer(hidden)
+                    newlogprob, entropy = categorical_logprob_entropy(agent.actor(hidden), mb["actions"])
+                    new_ext_values, new_int_values = agent.critic_ext(features + hidden), agent.critic_int(features + hidden)
+                else:
+                    _, newlogprob, entropy, new_ext_values, new_int_values = agent.get_action_and_value(
+                        b_obs, mb["actions"].long()
+                    )
+                logratio = newlogprob - mb["logprobs"]
+                ratio = logratio.exp()
+
+                mb_advantages = mb["advantages"]
+                if args.norm_adv:
+                    if fleetrl_advantages:
+                        mb_advantages = Dist().normalize(mb_advantages)
+                    else:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                # Policy loss
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                # Value loss
+                new_ext_values, new_int_values = new_ext_values.view(-1), new_int_values.view(-1)
+                if args.clip_vloss:
+                    ext_v_loss_unclipped = (new_ext_values - mb["returns"]) ** 2
+                    ext_v_clipped = mb["values"] + torch.clamp(
+                        new_ext_values - mb["values"],
+                        -args.clip_coef,
+                        args.clip_coef,
+                    )
+                    ext_v_loss_clipped = (ext_v_clipped - mb["returns"]) ** 2
+                    ext_v_loss_max = torch.max(ext_v_loss_unclipped, ext_v_loss_clipped)
+                    ext_v_loss = 0.5 * ext_v_loss_max.mean()
+                else:
+                    ext_v_loss = 0.5 * ((new_ext_values - mb["returns"]) ** 2).mean()
+
+                int_v_loss = 0.5 * ((new_int_values - mb["int_returns"]) ** 2).mean()
+                v_loss = ext_v_loss + int_v_loss
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef + forward_loss
+                theirs.losses.append(loss.item())
+
+                optimizer.zero_grad()
+                loss.backward()
+                if args.max_grad_norm:
+                    nn.utils.clip_grad_norm_(
+                        combined_parameters,
+                        args.max_grad_norm,
+                    )
+                optimizer.step()
+        theirs.weights.append([p.detach().clone() for p in combined_parameters])
+    return theirs
+
+
+def gap(a: list, b: list, relative: bool) -> str:
+    import torch
+
+    if len(a) != len(b):
+        return f"fleetrl {len(a)}, cleanrl {len(b)}"
+    a_t = torch.cat([torch.as_tensor(x).flatten().double() for x in a]) if a else torch.zeros(0)
+    b_t = torch.cat([torch.as_tensor(x).flatten().double() for x in b]) if b else torch.zeros(0)
+    if a_t.shape != b_t.shape:
+        return f"shapes differ: fleetrl {tuple(a_t.shape)}, cleanrl {tuple(b_t.shape)}"
+    if torch.equal(a_t, b_t):
+        return f"identical ({len(a)})"
+    diff = (a_t - b_t).abs()
+    if relative:
+        diff = diff / b_t.abs().clamp_min(1e-12)
+    return f"max {'relative' if relative else 'absolute'} difference {diff.max().item():.2e} ({len(a)})"
+
+
+def compare(ours: Record, theirs: Record) -> dict[str, str]:
+    verdicts = {"initial weights": gap(list(ours.initial.values()), list(theirs.initial.values()), False)}
+    if list(ours.initial) != list(theirs.initial):
+        verdicts["initial weights"] = "the parameters are named or ordered differently"
+    for name in ("advantages", "returns", "int_returns"):
+        verdicts[name] = gap([r[name].reshape(-1) for r in ours.rollouts], [r[name] for r in theirs.rollouts], True)
+    verdicts["losses"] = gap(ours.losses, theirs.losses, True)
+    for i, (mine, other) in enumerate(zip(ours.weights, theirs.weights), 1):
+        verdicts[f"weights after iteration {i}"] = gap(mine, other, False)
+    return verdicts
+
+
+def lockstep(opts: argparse.Namespace) -> dict[str, str]:
+    import torch
+
+    torch.set_num_threads(1)
+    ours = fleetrl_record(opts.env_id, opts.seed)
+    verdicts = compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=True, fleetrl_logprobs=True))
+    side_by_side.print_verdicts(f"lockstep (the networks and the update code), {opts.env_id}, seed {opts.seed}, {LOCKSTEP}; CleanRL's code "
+                                f"given fleetrl's rounding of the advantages' normalisation and the log-probabilities:", verdicts)
+    rounded = compare(ours, cleanrl_replay(ours, opts.seed))
+    side_by_side.print_verdicts("the same, CleanRL's code rounding its own way:", rounded)
+    return {**verdicts, **{f"{name}, CleanRL's rounding": verdict for name, verdict in rounded.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lockstep", action="store_true", help="compare the networks and the update code (the only mode so far)")
+    parser.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
+    parser.add_argument("--seed", type=int, default=1)
+    opts = parser.parse_args()
+    lockstep(opts)
+
+
+if __name__ == "__main__":
+    main()

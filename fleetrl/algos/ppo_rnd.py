@@ -1,0 +1,345 @@
+"""PPO with Random Network Distillation (PPO-RND), discrete actions, Atari and classic control, read top to bottom as
+CleanRL's ppo_rnd_envpool.py, on PPO's engine (fleetrl/algos/ppo.py): its rollout, loss and update are PPO's.
+
+Order: arguments, the networks, curiosity (the intrinsic reward and its advantage), the loss, then training. A fixed
+random target network embeds each next observation; a predictor learns to match it, and its error is the intrinsic
+reward: high where the agent has seldom been. Two value heads learn the extrinsic and the intrinsic returns (the
+intrinsic one never ends at an episode's end), and the policy follows ``--ext-coef`` x the extrinsic advantage +
+``--int-coef`` x the intrinsic one. The predictor trains on a random ``--update-proportion`` of each minibatch.
+
+Differences from CleanRL, each on purpose (besides PPO's, ppo.py):
+* the intrinsic return's running discount (``RewardForwardFilter``) runs along each env's steps; CleanRL's runs along
+  the envs (it iterates over the transposed rewards), and its variance counts every step of every env;
+* the intrinsic rewards and values of a rollout are computed in one batched pass after it, with the weights and the
+  observation statistics that acted (CleanRL computes them step by step, the same numbers up to rounding); the
+  predictor's inputs are normalised a minibatch at a time (CleanRL holds the whole normalised batch);
+* the curiosity of a step that ends an episode is that of its last observation, as CleanRL's EnvPool gives it;
+* classic control too, with 64-wide MLPs; Adam is fused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from fleetrl import config
+from fleetrl.accel import autocast
+from fleetrl.algos import ppo
+from fleetrl.algos.source import train_main
+from fleetrl.errors import FleetError
+from fleetrl.monitor import TrainResult
+from fleetrl.nets import categorical_logprob_entropy, layer_init
+from fleetrl.policy import policy_fn
+from fleetrl.sampling.normalize import RunningMeanStd
+
+
+# ============================================================================ arguments
+@dataclass
+class Args(ppo.PolicyGradientArgs):
+    exp_name: str = "ppo_rnd"
+    """the name of this experiment"""
+    env_id: str = "ALE/MontezumaRevenge-v5"
+    """the id of the environment, with discrete actions (`module.path:EnvId-v0` imports your module first)"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+
+    # RND arguments
+    update_proportion: float = 0.25
+    """proportion of exp used for predictor update"""
+    int_coef: float = 1.0
+    """coefficient of intrinsic reward"""
+    ext_coef: float = 2.0
+    """coefficient of extrinsic reward"""
+    int_gamma: float = 0.99
+    """Intrinsic reward discount rate"""
+    num_iterations_obs_norm_init: int = 50
+    """number of iterations to initialize the observations normalization parameters"""
+
+
+FAMILY_DEFAULTS = {  # CleanRL's ppo_rnd_envpool.py; classic control: ppo.py's settings with RND's coefficients
+    "atari": dict(total_timesteps=2_000_000_000, learning_rate=1e-4, num_envs=128, num_steps=128, gamma=0.999, num_minibatches=4,
+                  clip_coef=0.1, ent_coef=0.001, frame_stack=4, normalize=False),
+    "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, gamma=0.99, num_minibatches=4,
+                    clip_coef=0.2, ent_coef=0.01, normalize=False),
+}
+
+RANGES = {
+    **ppo.RANGES,
+    "update_proportion": config.fraction("the share of each minibatch the predictor trains on"),
+    "int_coef": config.non_negative("the weight of the intrinsic advantage", config.COEF_MAX),
+    "ext_coef": config.non_negative("the weight of the extrinsic advantage", config.COEF_MAX),
+    "int_gamma": config.fraction("the intrinsic discount factor"),
+    "num_iterations_obs_norm_init": config.count("rollouts of random actions that start the observation statistics", low=0),
+}
+
+
+def validate(args: Args, world_size: int = 1) -> None:
+    """PPO's checks (with RND's ranges), then curiosity's, before anything starts."""
+    ppo.validate(args, world_size, RANGES)
+    if args.async_batch is not None and args.async_batch != args.num_envs:
+        raise FleetError(f"PPO-RND's intrinsic return runs along each env's steps, and --async-batch {args.async_batch} makes each step's "
+                         f"row hold whichever envs were ready first. Leave --async-batch out (two env groups take turns) or set it "
+                         f"to --num-envs {args.num_envs}.")
+    if args.policy_lag:
+        raise FleetError("PPO-RND's curiosity needs the predictor and the observation statistics that acted, and --policy-lag 1 "
+                         "trains them while the next rollout is collected. Leave --policy-lag at 0 for ppo_rnd.")
+    if args.normalize:
+        raise FleetError("PPO-RND normalises its own way (the predictor's inputs, and the intrinsic rewards by their discounted "
+                         "return's spread); leave out --normalize for ppo_rnd.")
+
+
+# ============================================================================ networks
+class Agent(ppo.Agent):
+    """CleanRL's RND agent: the Nature CNN to 256, then 448 features (vectors: an MLP 64-64); a 2-layer policy head; an
+    extra layer whose output, added to the features, feeds the extrinsic and intrinsic value heads. The RND target
+    (fixed) and predictor are submodules, so the optimiser, gradient clipping and checkpoints hold them with the rest.
+    PPO's acting and evaluation (ppo.Agent) read the policy and the extrinsic value."""
+
+    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, impala: bool = False):
+        nn.Module.__init__(self)  # PPO's layers are not made: these are RND's
+        self.continuous = False
+        if len(obs_shape) == 3:
+            self.network = nn.Sequential(
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 256)),
+                nn.ReLU(),
+                layer_init(nn.Linear(256, 448)),
+                nn.ReLU(),
+            )
+            width, self.scale = 448, 255.0
+        else:
+            width, self.scale = 64, 1.0
+            self.network = nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), width)), nn.Tanh(),
+                                         layer_init(nn.Linear(width, width)), nn.Tanh())
+        self.extra_layer = nn.Sequential(layer_init(nn.Linear(width, width), std=0.1), nn.ReLU())
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(width, width), std=0.01),
+            nn.ReLU(),
+            layer_init(nn.Linear(width, int(action_space.n)), std=0.01),
+        )
+        self.critic_ext = layer_init(nn.Linear(width, 1), std=0.01)
+        self.critic_int = layer_init(nn.Linear(width, 1), std=0.01)
+        self.rnd = RNDModel(obs_shape)
+        self.compute_dtype = torch.float32  # set by the engine's precision choice (fleetrl/accel.py)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and extrinsic value, in fp32 (what acting and PPO's loss read)."""
+        logits, value_ext, _ = self.get_action_logits_and_values(x)
+        return logits, value_ext
+
+    def get_action_logits_and_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with autocast(x.device.type, self.compute_dtype):  # --precision: only the network runs in bf16
+            hidden = self.network(x.float() / self.scale)
+            features = self.extra_layer(hidden)
+            logits = self.actor(hidden)
+            value_ext, value_int = self.critic_ext(features + hidden), self.critic_int(features + hidden)
+        return logits.float(), value_ext.float().squeeze(-1), value_int.float().squeeze(-1)
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:  # the extrinsic value: the sampler's bootstrap at time limits
+        return self.get_action_logits_and_values(x)[1]
+
+    def get_value_int(self, x: torch.Tensor) -> torch.Tensor:
+        with autocast(x.device.type, self.compute_dtype):
+            hidden = self.network(x.float() / self.scale)
+            return self.critic_int(self.extra_layer(hidden) + hidden).float().squeeze(-1)
+
+
+class RNDModel(nn.Module):
+    """The fixed random target and the predictor that learns it, on the newest frame (vectors: the observation),
+    normalised by running statistics and clipped to [-5, 5]."""
+
+    def __init__(self, obs_shape: tuple[int, ...]):
+        super().__init__()
+        if len(obs_shape) == 3:
+            feature_output, output_size = 7 * 7 * 64, 512
+
+            def encoder() -> list[nn.Module]:
+                return [layer_init(nn.Conv2d(in_channels=1, out_channels=32, kernel_size=8, stride=4)), nn.LeakyReLU(),
+                        layer_init(nn.Conv2d(in_channels=32, out_channels=64, kernel_size=4, stride=2)), nn.LeakyReLU(),
+                        layer_init(nn.Conv2d(in_channels=64, out_channels=64, kernel_size=3, stride=1)), nn.LeakyReLU(),
+                        nn.Flatten()]
+        else:
+            feature_output, output_size = 64, 64
+
+            def encoder() -> list[nn.Module]:
+                return [layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.LeakyReLU(), layer_init(nn.Linear(64, 64)), nn.LeakyReLU()]
+
+        # Prediction network
+        self.predictor = nn.Sequential(*encoder(), layer_init(nn.Linear(feature_output, output_size)), nn.ReLU(),
+                                       layer_init(nn.Linear(output_size, output_size)), nn.ReLU(),
+                                       layer_init(nn.Linear(output_size, output_size)))
+        # Target network
+        self.target = nn.Sequential(*encoder(), layer_init(nn.Linear(feature_output, output_size)))
+        # target network is not trainable
+        for param in self.target.parameters():
+            param.requires_grad = False
+
+    def forward(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        target_feature = self.target(next_obs)
+        predict_feature = self.predictor(next_obs)
+        return predict_feature, target_feature
+
+
+def rnd_input(obs: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """What the RND networks see of an observation: the newest of the stacked frames (as ``(1, 84, 84)``), or the vector."""
+    return obs[..., -1:, :, :] if obs.ndim >= 4 else obs
+
+
+# ============================================================================ curiosity
+class RewardForwardFilter:
+    """Each env's discounted sum of its intrinsic rewards so far; its spread scales the intrinsic rewards."""
+
+    def __init__(self, gamma: float, num_envs: int):
+        self.rewems = np.zeros(num_envs)
+        self.gamma = gamma
+
+    def update(self, rews: np.ndarray) -> np.ndarray:
+        self.rewems = self.rewems * self.gamma + rews
+        return self.rewems
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"rewems": torch.from_numpy(self.rewems.copy())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rewems = state["rewems"].numpy().astype(np.float64)
+
+
+class Curiosity:
+    """PPO-RND's additions to PPO's loop (``ppo.train``'s extension): the observation statistics (started by
+    --num-iterations-obs-norm-init rollouts of random actions), the intrinsic rewards, the two advantages, and the loss
+    with the intrinsic value and the predictor's terms. Its statistics are checkpointed with the run."""
+
+    needs_next_obs = True  # each step's next observation (an episode's last where it ended): what the curiosity is of
+    CHUNK = 4096  # observations a batched pass takes at once (bounds the memory of a 128 x 128 Atari rollout)
+
+    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, envs):
+        self.args, self.dist, self.device, self.agent = run.args, run.dist, run.device, agent
+        obs_space = envs.single_observation_space
+        self.obs_rms = RunningMeanStd(shape=rnd_input(np.zeros((1, *obs_space.shape))).shape[1:])
+        self.reward_rms = RunningMeanStd()
+        self.discounted_reward = RewardForwardFilter(self.args.int_gamma, run.local_num_envs)
+        self._set_obs_stats()
+        self.charts: dict[str, float] = {}
+        run.register(rnd_obs_rms=self.obs_rms, rnd_reward_rms=self.reward_rms)
+        run.register_per_rank(rnd_reward_filter=self.discounted_reward)
+        if run.resumed is None:
+            self.init_obs_stats(envs, run.seed, run.env_seed)
+
+    def init_obs_stats(self, envs, seed: int, env_seed: int | None) -> None:
+        """CleanRL's start: random actions for --num-iterations-obs-norm-init rollouts, whose observations (all ranks')
+        start the statistics the predictor's inputs are normalised with. These steps are not counted."""
+        args, rng = self.args, np.random.default_rng(seed)
+        if args.num_iterations_obs_norm_init == 0:
+            return
+        if self.dist.is_main:
+            print(f"curiosity: starting the observation statistics with {args.num_iterations_obs_norm_init} rollouts of random actions",
+                  flush=True)
+        envs.reset(seed=env_seed)
+        n = envs.single_action_space.n
+        next_ob = []
+        for step in range(args.num_steps * args.num_iterations_obs_norm_init):
+            s, *_ = envs.step(rng.integers(0, n, size=envs.num_envs))
+            next_ob.append(rnd_input(s))
+            if len(next_ob) == args.num_steps:
+                self.obs_rms.update(np.concatenate(next_ob), self.dist.allreduce_sum_np)
+                next_ob = []
+        self._set_obs_stats()
+
+    def _set_obs_stats(self) -> None:
+        self.obs_mean = torch.as_tensor(self.obs_rms.mean, device=self.device)  # float64, as CleanRL normalises
+        self.obs_std = torch.as_tensor(self.obs_rms.var, device=self.device).sqrt()
+
+    def normalized(self, obs: torch.Tensor) -> torch.Tensor:
+        """The predictor's and target's input: the newest frame normalised (in float64), clipped, as float32."""
+        return ((rnd_input(obs).double() - self.obs_mean) / self.obs_std).clip(-5, 5).float()
+
+    # ------------------------------------------------------------------------ advantage
+    @torch.no_grad()
+    def advantage(self, b) -> dict[str, np.ndarray]:
+        """The intrinsic rewards of the rollout's steps, scaled; the extrinsic (episodic, PPO's GAE) and intrinsic
+        (never ending) advantages, mixed into ``b.advantages``; ``b.returns`` the extrinsic returns. Returns the
+        intrinsic returns for the loss. Then the observation statistics take in the rollout."""
+        args, agent = self.args, self.agent
+        num_steps, num_envs = b.rewards.shape
+        agent.eval()
+        next_obs = b.next_obs(rnd_input).reshape(num_steps * num_envs, *self.obs_rms.mean.shape)
+        obs = b.obs.reshape(num_steps * num_envs, *b.obs.shape[2:])
+        curiosity_rewards, int_values = np.zeros(num_steps * num_envs, np.float32), np.zeros(num_steps * num_envs, np.float32)
+        for start in range(0, len(obs), self.CHUNK):
+            chunk = slice(start, start + self.CHUNK)
+            predict_next_feature, target_next_feature = agent.rnd(self.normalized(torch.as_tensor(next_obs[chunk], device=self.device)))
+            curiosity_rewards[chunk] = ((target_next_feature - predict_next_feature).pow(2).sum(1) / 2).cpu().numpy()
+            int_values[chunk] = agent.get_value_int(torch.as_tensor(obs[chunk], device=self.device)).cpu().numpy()
+        curiosity_rewards, int_values = curiosity_rewards.reshape(num_steps, num_envs), int_values.reshape(num_steps, num_envs)
+        next_value_int = agent.get_value_int(torch.as_tensor(b.last_obs, device=self.device)).cpu().numpy()
+        self.int_values, self.next_value_int = int_values, next_value_int  # kept for a look (benchmarks/ppo_rnd_vs_cleanrl.py)
+
+        curiosity_reward_per_env = np.stack([self.discounted_reward.update(reward_per_step) for reward_per_step in curiosity_rewards])
+        self.reward_rms.update(curiosity_reward_per_env, self.dist.allreduce_sum_np)
+        self.charts = {"curiosity_reward": float(curiosity_rewards.mean())}  # before scaling, as CleanRL logs it
+        curiosity_rewards /= np.sqrt(self.reward_rms.var)
+
+        ext_advantages = ppo.gae(b, args.gamma, args.gae_lambda)
+        int_advantages = np.zeros_like(curiosity_rewards)
+        int_lastgaelam = 0.0
+        for t in reversed(range(num_steps)):  # the intrinsic return does not stop where an episode ends
+            int_nextvalues = next_value_int if t == num_steps - 1 else int_values[t + 1]
+            int_delta = curiosity_rewards[t] + args.int_gamma * int_nextvalues - int_values[t]
+            int_advantages[t] = int_lastgaelam = int_delta + args.int_gamma * args.gae_lambda * int_lastgaelam
+        b.returns[:] = ext_advantages + b.values
+        b.advantages[:] = int_advantages * args.int_coef + ext_advantages * args.ext_coef
+
+        self.obs_rms.update(rnd_input(obs), self.dist.allreduce_sum_np)  # the predictor trains on the updated statistics
+        self._set_obs_stats()
+        return {"int_returns": torch.from_numpy((int_advantages + int_values).reshape(-1))}
+
+    # ------------------------------------------------------------------------ loss
+    def loss(self, agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """PPO's loss on the extrinsic value, plus the intrinsic value's (unclipped) and the predictor's, which learns
+        on a random --update-proportion of the minibatch."""
+        predict_next_state_feature, target_next_state_feature = agent.rnd(self.normalized(mb["obs"]))
+        forward_loss = nn.functional.mse_loss(predict_next_state_feature, target_next_state_feature.detach(), reduction="none").mean(-1)
+        mask = torch.rand(len(forward_loss), device=forward_loss.device)
+        mask = (mask < args.update_proportion).float()
+        forward_loss = (forward_loss * mask).sum() / mask.sum().clamp(min=1.0)  # CleanRL's max(mask.sum(), [1]), as a scalar
+
+        logits, new_ext_values, new_int_values = agent.get_action_logits_and_values(mb["obs"])
+        newlogprob, entropy = categorical_logprob_entropy(logits, mb["actions"])
+        int_v_loss = 0.5 * ((new_int_values - mb["int_returns"]) ** 2).mean()
+        loss, stats = ppo.clipped_losses(newlogprob, entropy, new_ext_values, mb, args, dist, more_value_loss=int_v_loss)  # v_loss: both
+        loss = loss + forward_loss
+        stats.update(int_value_loss=int_v_loss.detach(), fwd_loss=forward_loss.detach())
+        return loss, stats
+
+
+# ============================================================================ training
+def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
+    """Train PPO-RND, in one process or under torchrun: PPO's loop (fleetrl/algos/ppo.py) with RND's agent and its
+    curiosity, which computes the advantages and adds to the loss."""
+    return ppo.train(args, explicit, algo="ppo_rnd", family_defaults=FAMILY_DEFAULTS, validate=validate, agent_type=Agent,
+                     extension=Curiosity)
+
+
+# ============================================================================ evaluation
+def policy_from_checkpoint(state: dict, envs, deterministic: bool = True):
+    """The trained policy as ``obs -> action``: the most probable action, or a sample."""
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space)
+    agent.load_state_dict(state["model"])
+    return policy_fn(agent, envs, deterministic)
+
+
+# ============================================================================ command line
+if __name__ == "__main__":  # python FILE.py [flags], torchrun FILE.py [flags]; `fleetrl train ./FILE.py` calls train()
+    train_main(__name__)
