@@ -50,6 +50,9 @@ CHECKS = {
     # PPG, its classic-control defaults (ppo.py's, 1 policy epoch, an auxiliary phase every 32 iterations of 512 steps,
     # observations and rewards normalised): 200 at 19k steps
     "ppg": (["ppg", "--env-id", "CartPole-v1"], 60_000, 200),
+    # PPO-RND, its classic-control defaults (ppo.py's, with RND's coefficients; the statistics started by 50 random
+    # rollouts): 150 at 33k steps
+    "ppo_rnd": (["ppo_rnd", "--env-id", "CartPole-v1"], 60_000, 150),
     # PPO, CleanRL's ppo.py defaults: 200 at 15k steps
     "ppo": (["ppo", "--env-id", "CartPole-v1"], 100_000, 200),
 }
@@ -112,6 +115,9 @@ def test_reaches_its_bar_within_its_budget_on_seed_1(learning_runs, name):
     if name == "ppg":  # CleanRL's ppg_procgen.py scalars: PPO's, and the auxiliary phase's once a phase
         assert all(read_scalars(run_dir, f"losses/{tag}") for tag in ("policy_loss", "value_loss", "entropy", "approx_kl"))
         assert [p.step for p in read_scalars(run_dir, "losses/aux/kl_loss")][:1] == [32 * 512]
+    if name == "ppo_rnd":  # CleanRL's ppo_rnd_envpool.py scalars, and the curiosity
+        assert all(read_scalars(run_dir, f"losses/{tag}") for tag in ("policy_loss", "value_loss", "fwd_loss", "approx_kl"))
+        assert all(p.value > 0 for p in read_scalars(run_dir, "charts/curiosity_reward"))
     if name == "sac_discrete":  # CleanRL's sac_atari.py scalars
         scalars = ["qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss", "alpha", "alpha_loss"]
         assert [tag for tag in scalars if read_scalars(run_dir, f"losses/{tag}")] == scalars

@@ -274,6 +274,7 @@ class Curiosity:
         args, agent = self.args, self.agent
         num_steps, num_envs = b.rewards.shape
         agent.eval()
+        self._set_obs_stats()  # as the statistics stand (a resumed run's were loaded after this object was made)
         next_obs = b.next_obs(rnd_input).reshape(num_steps * num_envs, *self.obs_rms.mean.shape)
         obs = b.obs.reshape(num_steps * num_envs, *b.obs.shape[2:])
         curiosity_rewards, int_values = np.zeros(num_steps * num_envs, np.float32), np.zeros(num_steps * num_envs, np.float32)

@@ -60,7 +60,8 @@ class RunningMeanStd:
         self.count = total
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"mean": torch.tensor(np.asarray(self.mean)), "var": torch.tensor(np.asarray(self.var)), "count": torch.tensor(float(self.count))}
+        return {"mean": torch.tensor(np.asarray(self.mean)), "var": torch.tensor(np.asarray(self.var)),
+                "count": torch.tensor(float(self.count), dtype=torch.float64)}  # float64: a resumed run merges exactly as it would have
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.mean = state["mean"].numpy().astype(np.float64)
