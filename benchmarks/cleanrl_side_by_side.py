@@ -88,6 +88,7 @@ class Sides:
     label: str  # CleanRL's file, for tables
     flags: Callable[[str, argparse.Namespace], list[str]]
     backend: str = "sync"  # fleetrl's --env-backend (CleanRL's scripts step a SyncVectorEnv, or EnvPool for Procgen)
+    their_env_id: Callable[[str], str] = lambda env_id: env_id  # CleanRL's script's name for the env (EnvPool's ids)
 
 
 def command(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Namespace, run_dir: str) -> tuple[list[str], dict]:
@@ -95,6 +96,7 @@ def command(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Name
     budget = ["--env-id", env_id, "--seed", str(seed), "--total-timesteps", str(opts.steps), *sides.flags(env_id, opts), "--no-cuda"]
     if side == "cleanrl":
         env["CLEANRL_RUN_DIR"] = run_dir
+        budget[1] = sides.their_env_id(env_id)
         return ["taskset", "-c", opts.cpu, sys.executable, sides.script, *budget], env
     return ["taskset", "-c", opts.cpu, sys.executable, "-m", "fleetrl", "train", sides.algo, *budget, "--no-progress",
             "--env-backend", sides.backend, "--torch-threads", "1", "--run-dir", run_dir], env

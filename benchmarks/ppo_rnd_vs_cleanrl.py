@@ -1,6 +1,12 @@
-"""fleetrl's PPO-RND against CleanRL's ppo_rnd_envpool.py (issue 36): its networks and update code in lockstep.
+"""fleetrl's PPO-RND against CleanRL's ppo_rnd_envpool.py (issue 36): its networks and update code in lockstep, and speed.
 
     python benchmarks/ppo_rnd_vs_cleanrl.py --lockstep [--env-id BreakoutNoFrameskip-v4] [--seed 1]
+    python benchmarks/ppo_rnd_vs_cleanrl.py --speed --env-id ALE/Breakout-v5 --num-envs 32 --steps 16384 --repeats 3
+
+``--speed`` runs CleanRL's script (benchmarks/cleanrl/ppo_rnd_envpool.py, on EnvPool) and ``fleetrl train ppo_rnd`` (on
+EnvPool too) side by side (benchmarks/cleanrl_side_by_side.py), with the same ``--num-envs``, ``--num-steps`` and
+``--num-iterations-obs-norm-init``. CleanRL's SPS counts its random-action start (its clock starts before it) and
+fleetrl's does not, so the wall-clock column, start-up included, is the like-for-like one.
 
 ``fleetrl.algos.ppo_rnd.train`` runs a short Atari job, recorded where its loop calls the curiosity: the initial
 weights, each iteration's rollout (its extrinsic rewards and values, episode ends, intrinsic rewards and values, as
@@ -301,13 +307,27 @@ def lockstep(opts: argparse.Namespace) -> dict[str, str]:
     return {**verdicts, **{f"{name}, CleanRL's rounding": verdict for name, verdict in rounded.items()}}
 
 
+# ============================================================================ subprocess runs: speed
+def budget(env_id: str, opts: argparse.Namespace) -> list[str]:
+    return ["--num-envs", str(opts.num_envs), "--num-steps", str(opts.num_steps), "--num-iterations-obs-norm-init", str(opts.obs_norm_init)]
+
+
+SIDES = side_by_side.Sides("ppo_rnd", os.path.join(HERE, "cleanrl", "ppo_rnd_envpool.py"), "ppo_rnd_envpool.py", budget, backend="envpool",
+                           their_env_id=lambda env_id: env_id.removeprefix("ALE/"))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lockstep", action="store_true", help="compare the networks and the update code (the only mode so far)")
-    parser.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
-    parser.add_argument("--seed", type=int, default=1)
+    parser = side_by_side.parser(__doc__, "BreakoutNoFrameskip-v4", 16384, 0, "ppo_rnd_vs_cleanrl")
+    parser.add_argument("--num-envs", type=int, default=32)
+    parser.add_argument("--num-steps", type=int, default=128)
+    parser.add_argument("--obs-norm-init", type=int, default=1, help="--num-iterations-obs-norm-init, both sides")
     opts = parser.parse_args()
-    lockstep(opts)
+    if opts.lockstep:
+        lockstep(opts)
+    elif opts.speed:
+        side_by_side.speed(SIDES, opts)
+    else:
+        sys.exit("--learn: not in this harness (the issue asks one long Montezuma's Revenge run: fleetrl train ppo_rnd)")
 
 
 if __name__ == "__main__":

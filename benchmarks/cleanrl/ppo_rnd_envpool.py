@@ -1,6 +1,7 @@
 # CleanRL's cleanrl/ppo_rnd_envpool.py at commit fe8d8a0 (MIT licence, benchmarks/cleanrl/upstream/LICENSE), with the changes
-# marked "fleetrl:" only: gymnasium in place of gym (not installed here) for the spaces and RunningMeanStd. Its networks
-# and update code are what tests/test_ppo_rnd.py holds fleetrl's to; its __main__ (EnvPool's gym API) is not run here yet.
+# marked "fleetrl:" only: gymnasium in place of gym (not installed here), so EnvPool's gymnasium API seen through a
+# wrapper as the gym API this script was written for (OldGymApi), and CLEANRL_RUN_DIR naming the TensorBoard folder.
+# Its networks and update code are what tests/test_ppo_rnd.py holds fleetrl's to; benchmarks/ppo_rnd_vs_cleanrl.py runs it.
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/ppo-rnd/#ppo_rnd_envpoolpy
 import os
 import random
@@ -95,6 +96,19 @@ class Args:
     """the mini-batch size (computed in runtime)"""
     num_iterations: int = 0
     """the number of iterations (computed in runtime)"""
+
+
+class OldGymApi(gym.Wrapper):  # fleetrl: EnvPool's gymnasium API as the gym API below expects it
+    def __init__(self, env, num_envs):
+        super().__init__(env)
+        self.num_envs = num_envs
+
+    def reset(self, **kwargs):
+        return self.env.reset(**kwargs)[0]
+
+    def step(self, action):
+        observations, rewards, terminated, truncated, infos = self.env.step(action)
+        return observations, rewards, terminated | truncated, infos
 
 
 class RecordEpisodeStatistics(gym.Wrapper):
@@ -263,7 +277,7 @@ if __name__ == "__main__":
             monitor_gym=True,
             save_code=True,
         )
-    writer = SummaryWriter(f"runs/{run_name}")
+    writer = SummaryWriter(os.environ.get("CLEANRL_RUN_DIR") or f"runs/{run_name}")  # fleetrl: the benchmark names the folder
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
@@ -280,17 +294,18 @@ if __name__ == "__main__":
     # env setup
     envs = envpool.make(
         args.env_id,
-        env_type="gym",
+        env_type="gymnasium",  # fleetrl: gym is not installed here (OldGymApi gives its API)
         num_envs=args.num_envs,
         episodic_life=True,
         reward_clip=True,
         seed=args.seed,
         repeat_action_probability=0.25,
     )
-    envs.num_envs = args.num_envs
+    envs = OldGymApi(envs, args.num_envs)  # fleetrl: the gym API
+    envs = RecordEpisodeStatistics(envs)
+    envs.num_envs = args.num_envs  # fleetrl: set on the outer wrapper (gymnasium's wrappers do not pass attributes on)
     envs.single_action_space = envs.action_space
     envs.single_observation_space = envs.observation_space
-    envs = RecordEpisodeStatistics(envs)
     assert isinstance(envs.action_space, gym.spaces.Discrete), "only discrete action space is supported"
 
     agent = Agent(envs).to(device)
