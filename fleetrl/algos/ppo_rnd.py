@@ -304,13 +304,24 @@ class Curiosity:
 
         self.obs_rms.update(rnd_input(obs), self.dist.allreduce_sum_np)  # the predictor trains on the updated statistics
         self._set_obs_stats()
-        return {"int_returns": torch.from_numpy((int_advantages + int_values).reshape(-1))}
+        # the predictor's inputs, normalised once, and the fixed target's features of them, computed once (CleanRL runs
+        # the target again every epoch); in minibatch-sized chunks, so the kernels see the shapes CleanRL's loss gives them
+        rnd_obs = torch.zeros((len(obs), *self.obs_rms.mean.shape))
+        rnd_target = None
+        minibatch = len(obs) // args.num_minibatches
+        for start in range(0, len(obs), minibatch):
+            chunk = slice(start, start + minibatch)
+            rnd_obs[chunk] = self.normalized(torch.as_tensor(obs[chunk], device=self.device)).cpu()
+            target = agent.rnd.target(rnd_obs[chunk].to(self.device)).cpu()
+            rnd_target = torch.zeros((len(obs), target.shape[1])) if rnd_target is None else rnd_target
+            rnd_target[chunk] = target
+        return {"int_returns": torch.from_numpy((int_advantages + int_values).reshape(-1)), "rnd_obs": rnd_obs, "rnd_target": rnd_target}
 
     # ------------------------------------------------------------------------ loss
     def loss(self, agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """PPO's loss on the extrinsic value, plus the intrinsic value's (unclipped) and the predictor's, which learns
-        on a random --update-proportion of the minibatch."""
-        predict_next_state_feature, target_next_state_feature = agent.rnd(self.normalized(mb["obs"]))
+        on a random --update-proportion of the minibatch (towards the target's features, computed with the advantages)."""
+        predict_next_state_feature, target_next_state_feature = agent.rnd.predictor(mb["rnd_obs"]), mb["rnd_target"]
         forward_loss = nn.functional.mse_loss(predict_next_state_feature, target_next_state_feature.detach(), reduction="none").mean(-1)
         mask = torch.rand(len(forward_loss), device=forward_loss.device)
         mask = (mask < args.update_proportion).float()
