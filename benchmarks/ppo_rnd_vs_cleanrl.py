@@ -45,6 +45,9 @@ LOCKSTEP = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, nu
 @dataclass
 class Record:
     initial: dict[str, Any] = field(default_factory=dict)
+    warmup_batches: list[np.ndarray] = field(default_factory=list)  # the random-action start's newest frames, a batch a rollout
+    warmup_stats: tuple[np.ndarray, np.ndarray] | None = None  # the observation statistics after it: (mean, var)
+    acting: list[dict[str, Any]] = field(default_factory=list)  # per rollout: what acted, on what, and what it computed
     rollouts: list[dict[str, np.ndarray]] = field(default_factory=list)  # the advantage's inputs and outputs
     obs_stats: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # after each rollout: (mean, var)
     minibatches: list[tuple[dict[str, Any], Any]] = field(default_factory=list)  # (minibatch, torch RNG state before its loss)
@@ -58,6 +61,7 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
 
     from fleetrl import checkpoint
     from fleetrl.algos import ppo_rnd
+    from fleetrl.sampling.normalize import RunningMeanStd
 
     record = Record()
     curiosity = ppo_rnd.Curiosity
@@ -65,11 +69,25 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
 
     def record_init(self, run, agent, *args):
         record.initial = {k: v.clone() for k, v in agent.state_dict().items()}
-        real[0](self, run, agent, *args)
+        update = RunningMeanStd.update
+
+        def keep(rms, batch, allreduce=None):  # only the random-action start updates statistics here
+            record.warmup_batches.append(np.array(batch))
+            return update(rms, batch, allreduce)
+
+        RunningMeanStd.update = keep
+        try:
+            real[0](self, run, agent, *args)
+        finally:
+            RunningMeanStd.update = update
+        record.warmup_stats = (self.obs_rms.mean.copy(), self.obs_rms.var.copy())
 
     def record_advantage(self, b):
         if record.rollouts:  # the weights the previous iteration's update left
             record.weights.append([p.detach().clone() for p in self.agent.parameters() if p.requires_grad])
+        record.acting.append(dict(weights={k: v.clone() for k, v in self.agent.state_dict().items()}, obs=b.obs.copy(),
+                                  actions=b.actions.copy(), logprobs=b.logprobs.copy(), values=b.values.copy(),
+                                  next_obs=b.next_obs(ppo_rnd.rnd_input), obs_stats=(self.obs_rms.mean.copy(), self.obs_rms.var.copy())))
         curiosity_seen = {}
         update = self.discounted_reward.update
 
@@ -265,6 +283,56 @@ def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, fleetrl_adv
     return theirs
 
 
+def cleanrl_acting(ours: Record) -> dict[str, list]:
+    """CleanRL's start and acting code on fleetrl's observations: its random-action start's statistics from the same
+    frames, and for each rollout, at the weights that acted, step by step as its loop does: the values, the
+    log-probability of the action fleetrl took (the actions themselves are drawn from each side's own RNG), and the
+    intrinsic reward of the next observation with the statistics as they stood."""
+    from types import SimpleNamespace
+
+    import gymnasium as gym
+    import torch
+    from gymnasium.wrappers.utils import RunningMeanStd
+
+    sys.path.insert(0, os.path.join(HERE, "cleanrl"))
+    from ppo_rnd_envpool import Agent, RNDModel  # CleanRL's, from its file (benchmarks/cleanrl/)
+
+    obs_rms = RunningMeanStd(shape=(1, 1, 84, 84))
+    for next_ob in ours.warmup_batches:  # CleanRL: obs_rms.update(np.stack(next_ob)) once a rollout's worth
+        obs_rms.update(next_ob)
+    n = len(ours.initial["actor.2.bias"])
+    agent, rnd_model = Agent(SimpleNamespace(single_action_space=gym.spaces.Discrete(n))), RNDModel(4, n)
+    theirs: dict[str, list] = {"warmup": [obs_rms.mean.reshape(-1), obs_rms.var.reshape(-1)], "logprobs": [], "ext_values": [],
+                               "int_values": [], "curiosity": []}
+    for rollout in ours.acting:
+        agent.load_state_dict({k: v for k, v in rollout["weights"].items() if not k.startswith("rnd.")})
+        rnd_model.load_state_dict({k.removeprefix("rnd."): v for k, v in rollout["weights"].items() if k.startswith("rnd.")})
+        mean, var = rollout["obs_stats"]
+        for step in range(len(rollout["obs"])):
+            obs, next_obs = torch.Tensor(rollout["obs"][step]), torch.Tensor(rollout["next_obs"][step])
+            with torch.no_grad():
+                value_ext, value_int = agent.get_value(obs)
+                _, logprob, _, _, _ = agent.get_action_and_value(obs, torch.as_tensor(rollout["actions"][step]))
+                rnd_next_obs = (((next_obs.reshape(len(obs), 1, 84, 84) - torch.from_numpy(mean)) / torch.sqrt(torch.from_numpy(var)))
+                                .clip(-5, 5)).float()
+                target_next_feature = rnd_model.target(rnd_next_obs)
+                predict_next_feature = rnd_model.predictor(rnd_next_obs)
+            theirs["logprobs"].append(logprob.numpy())
+            theirs["ext_values"].append(value_ext.flatten().numpy())
+            theirs["int_values"].append(value_int.flatten().numpy())
+            theirs["curiosity"].append(((target_next_feature - predict_next_feature).pow(2).sum(1) / 2).numpy())
+    return theirs
+
+
+def compare_acting(ours: Record, theirs: dict[str, list]) -> dict[str, str]:
+    mean, var = ours.warmup_stats
+    return {"start's statistics": gap([mean.reshape(-1), var.reshape(-1)], theirs["warmup"], True),
+            "acting: log-probabilities": gap([row for r in ours.acting for row in r["logprobs"]], theirs["logprobs"], True),
+            "acting: extrinsic values": gap([row for r in ours.acting for row in r["values"]], theirs["ext_values"], True),
+            "intrinsic values": gap([row for r in ours.rollouts for row in r["int_values"]], theirs["int_values"], True),
+            "intrinsic rewards": gap([row for r in ours.rollouts for row in r["curiosity"]], theirs["curiosity"], True)}
+
+
 def gap(a: list, b: list, relative: bool) -> str:
     import torch
 
@@ -299,12 +367,15 @@ def lockstep(opts: argparse.Namespace) -> dict[str, str]:
 
     torch.set_num_threads(1)
     ours = fleetrl_record(opts.env_id, opts.seed)
+    acting = compare_acting(ours, cleanrl_acting(ours))
+    side_by_side.print_verdicts(f"lockstep (the start and the acting), {opts.env_id}, seed {opts.seed}: CleanRL's code on fleetrl's "
+                                f"observations and actions, at the weights and statistics that acted:", acting)
     verdicts = compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=True, fleetrl_logprobs=True))
     side_by_side.print_verdicts(f"lockstep (the networks and the update code), {opts.env_id}, seed {opts.seed}, {LOCKSTEP}; CleanRL's code "
                                 f"given fleetrl's rounding of the advantages' normalisation and the log-probabilities:", verdicts)
     rounded = compare(ours, cleanrl_replay(ours, opts.seed))
     side_by_side.print_verdicts("the same, CleanRL's code rounding its own way:", rounded)
-    return {**verdicts, **{f"{name}, CleanRL's rounding": verdict for name, verdict in rounded.items()}}
+    return {**acting, **verdicts, **{f"{name}, CleanRL's rounding": verdict for name, verdict in rounded.items()}}
 
 
 # ============================================================================ subprocess runs: speed
