@@ -10,10 +10,8 @@ intrinsic one never ends at an episode's end), and the policy follows ``--ext-co
 Differences from CleanRL, each on purpose (besides PPO's, ppo.py):
 * the intrinsic return's running discount (``RewardForwardFilter``) runs along each env's steps; CleanRL's runs along
   the envs (it iterates over the transposed rewards), and its variance counts every step of every env;
-* the intrinsic rewards and values of a rollout are computed in one batched pass after it, with the weights and the
-  observation statistics that acted (CleanRL computes them step by step, the same numbers up to rounding); the
-  predictor's inputs are normalised a minibatch at a time (CleanRL holds the whole normalised batch);
-* the curiosity of a step that ends an episode is that of its last observation, as CleanRL's EnvPool gives it;
+* a rollout's intrinsic rewards and values come from one batched pass after it, with the weights and statistics that
+  acted (CleanRL's: step by step), and the target's features of the batch from one pass (CleanRL's: every epoch);
 * classic control too, with 64-wide MLPs; Adam is fused.
 """
 
@@ -34,7 +32,7 @@ from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import categorical_logprob_entropy, layer_init
 from fleetrl.policy import policy_fn
-from fleetrl.sampling.normalize import RunningMeanStd
+from fleetrl.sampling.normalize import DiscountedSum, RunningMeanStd, stats_from_random_actions
 
 
 # ============================================================================ arguments
@@ -106,29 +104,17 @@ class Agent(ppo.Agent):
         self.continuous = False
         if len(obs_shape) == 3:
             self.network = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
-                nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-                nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-                nn.ReLU(),
-                nn.Flatten(),
-                layer_init(nn.Linear(64 * 7 * 7, 256)),
-                nn.ReLU(),
-                layer_init(nn.Linear(256, 448)),
-                nn.ReLU(),
-            )
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(), layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 256)), nn.ReLU(), layer_init(nn.Linear(256, 448)), nn.ReLU())
             width, self.scale = 448, 255.0
         else:
             width, self.scale = 64, 1.0
             self.network = nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), width)), nn.Tanh(),
                                          layer_init(nn.Linear(width, width)), nn.Tanh())
         self.extra_layer = nn.Sequential(layer_init(nn.Linear(width, width), std=0.1), nn.ReLU())
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(width, width), std=0.01),
-            nn.ReLU(),
-            layer_init(nn.Linear(width, int(action_space.n)), std=0.01),
-        )
+        self.actor = nn.Sequential(layer_init(nn.Linear(width, width), std=0.01), nn.ReLU(),
+                                   layer_init(nn.Linear(width, int(action_space.n)), std=0.01))
         self.critic_ext = layer_init(nn.Linear(width, 1), std=0.01)
         self.critic_int = layer_init(nn.Linear(width, 1), std=0.01)
         self.rnd = RNDModel(obs_shape)
@@ -151,9 +137,7 @@ class Agent(ppo.Agent):
         return self.get_action_logits_and_values(x)[1]
 
     def get_value_int(self, x: torch.Tensor) -> torch.Tensor:
-        with autocast(x.device.type, self.compute_dtype):
-            hidden = self.network(x.float() / self.scale)
-            return self.critic_int(self.extra_layer(hidden) + hidden).float().squeeze(-1)
+        return self.get_action_logits_and_values(x)[2]
 
 
 class RNDModel(nn.Module):
@@ -198,24 +182,6 @@ def rnd_input(obs: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
 
 
 # ============================================================================ curiosity
-class RewardForwardFilter:
-    """Each env's discounted sum of its intrinsic rewards so far; its spread scales the intrinsic rewards."""
-
-    def __init__(self, gamma: float, num_envs: int):
-        self.rewems = np.zeros(num_envs)
-        self.gamma = gamma
-
-    def update(self, rews: np.ndarray) -> np.ndarray:
-        self.rewems = self.rewems * self.gamma + rews
-        return self.rewems
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"rewems": torch.from_numpy(self.rewems.copy())}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rewems = state["rewems"].numpy().astype(np.float64)
-
-
 class Curiosity:
     """PPO-RND's additions to PPO's loop (``ppo.train``'s extension): the observation statistics (started by
     --num-iterations-obs-norm-init rollouts of random actions), the intrinsic rewards, the two advantages, and the loss
@@ -229,33 +195,16 @@ class Curiosity:
         obs_space = envs.single_observation_space
         self.obs_rms = RunningMeanStd(shape=rnd_input(np.zeros((1, *obs_space.shape))).shape[1:])
         self.reward_rms = RunningMeanStd()
-        self.discounted_reward = RewardForwardFilter(self.args.int_gamma, run.local_num_envs)
-        self._set_obs_stats()
+        self.discounted_reward = DiscountedSum(self.args.int_gamma, run.local_num_envs)  # CleanRL's RewardForwardFilter
         self.charts: dict[str, float] = {}
         run.register(rnd_obs_rms=self.obs_rms, rnd_reward_rms=self.reward_rms)
         run.register_per_rank(rnd_reward_filter=self.discounted_reward)
-        if run.resumed is None:
-            self.init_obs_stats(envs, run.seed, run.env_seed)
-
-    def init_obs_stats(self, envs, seed: int, env_seed: int | None) -> None:
-        """CleanRL's start: random actions for --num-iterations-obs-norm-init rollouts, whose observations (all ranks')
-        start the statistics the predictor's inputs are normalised with. These steps are not counted."""
-        args, rng = self.args, np.random.default_rng(seed)
-        if args.num_iterations_obs_norm_init == 0:
-            return
-        if self.dist.is_main:
-            print(f"curiosity: starting the observation statistics with {args.num_iterations_obs_norm_init} rollouts of random actions",
-                  flush=True)
-        envs.reset(seed=env_seed)
-        n = envs.single_action_space.n
-        next_ob = []
-        for step in range(args.num_steps * args.num_iterations_obs_norm_init):
-            s, *_ = envs.step(rng.integers(0, n, size=envs.num_envs))
-            next_ob.append(rnd_input(s))
-            if len(next_ob) == args.num_steps:
-                self.obs_rms.update(np.concatenate(next_ob), self.dist.allreduce_sum_np)
-                next_ob = []
-        self._set_obs_stats()
+        if run.resumed is None and self.args.num_iterations_obs_norm_init:  # CleanRL's start; a resumed run has its statistics
+            if self.dist.is_main:
+                print(f"curiosity: starting the observation statistics with {self.args.num_iterations_obs_norm_init} rollouts of random "
+                      f"actions", flush=True)
+            stats_from_random_actions(envs, self.obs_rms, self.args.num_iterations_obs_norm_init, self.args.num_steps, rnd_input,
+                                      run.seed, run.env_seed, self.dist.allreduce_sum_np)
 
     def _set_obs_stats(self) -> None:
         self.obs_mean = torch.as_tensor(self.obs_rms.mean, device=self.device)  # float64, as CleanRL normalises
@@ -306,15 +255,9 @@ class Curiosity:
         self._set_obs_stats()
         # the predictor's inputs, normalised once, and the fixed target's features of them, computed once (CleanRL runs
         # the target again every epoch); in minibatch-sized chunks, so the kernels see the shapes CleanRL's loss gives them
-        rnd_obs = torch.zeros((len(obs), *self.obs_rms.mean.shape))
-        rnd_target = None
-        minibatch = len(obs) // args.num_minibatches
-        for start in range(0, len(obs), minibatch):
-            chunk = slice(start, start + minibatch)
-            rnd_obs[chunk] = self.normalized(torch.as_tensor(obs[chunk], device=self.device)).cpu()
-            target = agent.rnd.target(rnd_obs[chunk].to(self.device)).cpu()
-            rnd_target = torch.zeros((len(obs), target.shape[1])) if rnd_target is None else rnd_target
-            rnd_target[chunk] = target
+        chunks = [slice(start, start + len(obs) // args.num_minibatches) for start in range(0, len(obs), len(obs) // args.num_minibatches)]
+        rnd_obs = torch.cat([self.normalized(torch.as_tensor(obs[chunk], device=self.device)) for chunk in chunks])
+        rnd_target = torch.cat([agent.rnd.target(rnd_obs[chunk]) for chunk in chunks])
         return {"int_returns": torch.from_numpy((int_advantages + int_values).reshape(-1)), "rnd_obs": rnd_obs, "rnd_target": rnd_target}
 
     # ------------------------------------------------------------------------ loss

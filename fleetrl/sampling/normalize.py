@@ -153,3 +153,33 @@ class RewardNormalizer(_RunningNormalizer):
         self.returns[env_ids] = returns
         _, var = self._stats()
         return np.clip(reward / np.sqrt(var + EPSILON), -CLIP, CLIP).astype(np.float32)
+
+
+class DiscountedSum:
+    """Each env's discounted sum of a signal so far, never reset (RND's ``RewardForwardFilter``: its spread scales the
+    intrinsic rewards). Checkpointable, per rank."""
+
+    def __init__(self, gamma: float, num_envs: int):
+        self.rewems = np.zeros(num_envs)
+        self.gamma = gamma
+
+    def update(self, rews: np.ndarray) -> np.ndarray:
+        self.rewems = self.rewems * self.gamma + rews
+        return self.rewems
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"rewems": torch.from_numpy(self.rewems.copy())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rewems = state["rewems"].numpy().astype(np.float64)
+
+
+def stats_from_random_actions(envs, rms: RunningMeanStd, rollouts: int, num_steps: int, pick: Callable[[np.ndarray], np.ndarray],
+                              seed: int, env_seed: int | None, allreduce: AllReduce | None = None) -> None:
+    """Start ``rms`` as CleanRL's RND does: ``rollouts`` rollouts of ``num_steps`` uniformly random actions from reset
+    envs, ``pick`` of each observation merged once a rollout (all ranks' sums, with ``allreduce``). Not counted as steps."""
+    rng = np.random.default_rng(seed)
+    envs.reset(seed=env_seed)
+    for _ in range(rollouts):
+        batch = [pick(envs.step(rng.integers(0, envs.single_action_space.n, size=envs.num_envs))[0]) for _ in range(num_steps)]
+        rms.update(np.concatenate(batch), allreduce)
