@@ -66,6 +66,34 @@ def print_verdicts(title: str, verdicts: dict[str, str]) -> None:
         print(f"  {name:17s} {verdict}")
 
 
+def gap(a: list, b: list, relative: bool) -> str:
+    """Two lists of numbers or arrays: "identical (N)", or their largest difference, relative or absolute."""
+    import torch
+
+    if len(a) != len(b):
+        return f"fleetrl {len(a)}, cleanrl {len(b)}"
+    a_t = torch.cat([torch.as_tensor(x).flatten().double() for x in a]) if a else torch.zeros(0)
+    b_t = torch.cat([torch.as_tensor(x).flatten().double() for x in b]) if b else torch.zeros(0)
+    if a_t.shape != b_t.shape:
+        return f"shapes differ: fleetrl {tuple(a_t.shape)}, cleanrl {tuple(b_t.shape)}"
+    if torch.equal(a_t, b_t):
+        return f"identical ({len(a)})"
+    diff = (a_t - b_t).abs()
+    if relative:
+        diff = diff / b_t.abs().clamp_min(1e-12)
+    return f"max {'relative' if relative else 'absolute'} difference {diff.max().item():.2e} ({len(a)})"
+
+
+def both_roundings(title: str, compare: Callable[..., dict[str, str]]) -> dict[str, str]:
+    """A lockstep of an actor-critic's update code, twice: ``compare(fleetrl_rounding=True)``, CleanRL's code given
+    fleetrl's rounding of the advantages' normalisation and the log-probabilities, then ``compare(fleetrl_rounding=False)``."""
+    verdicts = compare(fleetrl_rounding=True)
+    print_verdicts(f"{title}; CleanRL's code given fleetrl's rounding of the advantages' normalisation and the log-probabilities:", verdicts)
+    rounded = compare(fleetrl_rounding=False)
+    print_verdicts("the same, CleanRL's code rounding its own way:", rounded)
+    return {**verdicts, **{f"{name}, CleanRL's rounding": verdict for name, verdict in rounded.items()}}
+
+
 def renamed(state: dict[str, dict], names: dict[str, str]) -> dict[str, Any]:
     """A fleetrl checkpoint's networks as one flat dict of CleanRL's parameter names (``names``: prefix -> prefix)."""
     flat = {}

@@ -277,20 +277,7 @@ def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, zeroed_aux_
 
 def compare(ours: Record, theirs: Record) -> dict[str, str]:
     """Each record: "identical", or the largest difference, relative for losses and absolute for weights."""
-    import torch
-
-    def gap(a: list, b: list, relative: bool) -> str:
-        if len(a) != len(b):
-            return f"fleetrl {len(a)}, cleanrl {len(b)}"
-        a_t = torch.as_tensor(np.array(a, dtype=np.float64)) if not isinstance(a[0], torch.Tensor) else torch.cat([x.flatten().double() for x in a])
-        b_t = torch.as_tensor(np.array(b, dtype=np.float64)) if not isinstance(b[0], torch.Tensor) else torch.cat([x.flatten().double() for x in b])
-        if torch.equal(a_t, b_t):
-            return f"identical ({len(a)})"
-        diff = (a_t - b_t).abs()
-        if relative:
-            diff = diff / b_t.abs().clamp_min(1e-12)
-        return f"max {'relative' if relative else 'absolute'} difference {diff.max().item():.2e} ({len(a)})"
-
+    gap = side_by_side.gap
     verdicts = {"initial weights": gap(list(ours.initial.values()), list(theirs.initial.values()), False),
                 "policy-phase losses": gap(ours.losses, theirs.losses, True),
                 "auxiliary losses": gap(ours.aux_losses, theirs.aux_losses, True)}
@@ -304,12 +291,9 @@ def lockstep(opts: argparse.Namespace) -> dict[str, str]:
 
     torch.set_num_threads(1)
     ours = fleetrl_record(opts.env_id, opts.seed)
-    verdicts = compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=True, fleetrl_logprobs=True))
-    side_by_side.print_verdicts(f"lockstep (the update code), {opts.env_id}, seed {opts.seed}, {LOCKSTEP}; CleanRL's code given "
-                                f"fleetrl's rounding of the advantages' normalisation and the log-probabilities:", verdicts)
-    rounded = compare(ours, cleanrl_replay(ours, opts.seed))
-    side_by_side.print_verdicts("the same, CleanRL's code rounding its own way:", rounded)
-    return {**verdicts, **{f"{name}, CleanRL's rounding": verdict for name, verdict in rounded.items()}}
+    return side_by_side.both_roundings(
+        f"lockstep (the update code), {opts.env_id}, seed {opts.seed}, {LOCKSTEP}",
+        lambda fleetrl_rounding: compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=fleetrl_rounding, fleetrl_logprobs=fleetrl_rounding)))
 
 
 # ============================================================================ subprocess runs: speed and learning

@@ -37,6 +37,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import cleanrl_side_by_side as side_by_side  # noqa: E402
+from cleanrl_side_by_side import gap  # noqa: E402
 
 # a short job: 3 iterations of 4 envs x 32 steps, 2 minibatches, 2 epochs, the statistics started by 1 random rollout
 LOCKSTEP = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, num_iterations_obs_norm_init=1, total_timesteps=3 * 4 * 32)
@@ -333,23 +334,6 @@ def compare_acting(ours: Record, theirs: dict[str, list]) -> dict[str, str]:
             "intrinsic rewards": gap([row for r in ours.rollouts for row in r["curiosity"]], theirs["curiosity"], True)}
 
 
-def gap(a: list, b: list, relative: bool) -> str:
-    import torch
-
-    if len(a) != len(b):
-        return f"fleetrl {len(a)}, cleanrl {len(b)}"
-    a_t = torch.cat([torch.as_tensor(x).flatten().double() for x in a]) if a else torch.zeros(0)
-    b_t = torch.cat([torch.as_tensor(x).flatten().double() for x in b]) if b else torch.zeros(0)
-    if a_t.shape != b_t.shape:
-        return f"shapes differ: fleetrl {tuple(a_t.shape)}, cleanrl {tuple(b_t.shape)}"
-    if torch.equal(a_t, b_t):
-        return f"identical ({len(a)})"
-    diff = (a_t - b_t).abs()
-    if relative:
-        diff = diff / b_t.abs().clamp_min(1e-12)
-    return f"max {'relative' if relative else 'absolute'} difference {diff.max().item():.2e} ({len(a)})"
-
-
 def compare(ours: Record, theirs: Record) -> dict[str, str]:
     verdicts = {"initial weights": gap(list(ours.initial.values()), list(theirs.initial.values()), False)}
     if list(ours.initial) != list(theirs.initial):
@@ -370,12 +354,10 @@ def lockstep(opts: argparse.Namespace) -> dict[str, str]:
     acting = compare_acting(ours, cleanrl_acting(ours))
     side_by_side.print_verdicts(f"lockstep (the start and the acting), {opts.env_id}, seed {opts.seed}: CleanRL's code on fleetrl's "
                                 f"observations and actions, at the weights and statistics that acted:", acting)
-    verdicts = compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=True, fleetrl_logprobs=True))
-    side_by_side.print_verdicts(f"lockstep (the networks and the update code), {opts.env_id}, seed {opts.seed}, {LOCKSTEP}; CleanRL's code "
-                                f"given fleetrl's rounding of the advantages' normalisation and the log-probabilities:", verdicts)
-    rounded = compare(ours, cleanrl_replay(ours, opts.seed))
-    side_by_side.print_verdicts("the same, CleanRL's code rounding its own way:", rounded)
-    return {**acting, **verdicts, **{f"{name}, CleanRL's rounding": verdict for name, verdict in rounded.items()}}
+    verdicts = side_by_side.both_roundings(
+        f"lockstep (the networks and the update code), {opts.env_id}, seed {opts.seed}, {LOCKSTEP}",
+        lambda fleetrl_rounding: compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=fleetrl_rounding, fleetrl_logprobs=fleetrl_rounding)))
+    return {**acting, **verdicts}
 
 
 # ============================================================================ subprocess runs: speed
