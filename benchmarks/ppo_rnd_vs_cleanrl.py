@@ -128,11 +128,14 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
     return record
 
 
-def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, fleetrl_advantages: bool = False, fleetrl_logprobs: bool = False) -> Record:
+def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, fleetrl_advantages: bool = False, fleetrl_logprobs: bool = False,
+                   fleetrl_predictor_rows: bool = False) -> Record:
     """CleanRL's ppo_rnd_envpool.py code on fleetrl's rollouts: its GAE over both streams from the same rewards and
     values, and its minibatch loss and step on fleetrl's minibatches, each from the same torch RNG state (its update
-    mask). ``fused_adam``: fleetrl's deliberate difference (one kernel for all parameters). Two switches give it fleetrl's rounding: ``fleetrl_advantages`` (``Dist.normalize``) and
-    ``fleetrl_logprobs`` (``fleetrl.nets.categorical_logprob_entropy``)."""
+    mask). ``fused_adam``: fleetrl's deliberate difference (one kernel for all parameters). Three switches give it
+    fleetrl's rounding: ``fleetrl_advantages`` (``Dist.normalize``), ``fleetrl_logprobs``
+    (``fleetrl.nets.categorical_logprob_entropy``) and ``fleetrl_predictor_rows`` (the predictor run on the masked rows
+    only: the same terms, grouped otherwise in its sums)."""
     from types import SimpleNamespace
 
     import gymnasium as gym
@@ -217,16 +220,28 @@ def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, fleetrl_adv
                     ).clip(-5, 5)
                 ).float()
 
-                predict_next_state_feature, target_next_state_feature = rnd_model(rnd_next_obs)
-                forward_loss = F.mse_loss(
-                    predict_next_state_feature, target_next_state_feature.detach(), reduction="none"
-                ).mean(-1)
+                if fleetrl_predictor_rows:  # fleetrl: the predictor runs on the rows its loss keeps (the same terms, summed otherwise)
+                    mask = torch.rand(len(rnd_next_obs), device=device)
+                    mask = (mask < args.update_proportion).type(torch.FloatTensor).to(device)
+                    rows = mask.nonzero().squeeze(1) if mask.any() else mask.new_zeros(1, dtype=torch.long)
+                    predict_next_state_feature, target_next_state_feature = rnd_model(rnd_next_obs[rows])
+                    forward_loss = F.mse_loss(
+                        predict_next_state_feature, target_next_state_feature.detach(), reduction="none"
+                    ).mean(-1)
+                    forward_loss = (forward_loss * mask[rows]).sum() / torch.max(
+                        mask.sum(), torch.tensor([1], device=device, dtype=torch.float32)
+                    )
+                else:
+                    predict_next_state_feature, target_next_state_feature = rnd_model(rnd_next_obs)
+                    forward_loss = F.mse_loss(
+                        predict_next_state_feature, target_next_state_feature.detach(), reduction="none"
+                    ).mean(-1)
 
-                mask = torch.rand(len(forward_loss), device=device)
-                mask = (mask < args.update_proportion).type(torch.FloatTensor).to(device)
-                forward_loss = (forward_loss * mask).sum() / torch.max(
-                    mask.sum(), torch.tensor([1], device=device, dtype=torch.float32)
-                )
+                    mask = torch.rand(len(forward_loss), device=device)
+                    mask = (mask < args.update_proportion).type(torch.FloatTensor).to(device)
+                    forward_loss = (forward_loss * mask).sum() / torch.max(
+                        mask.sum(), torch.tensor([1], device=device, dtype=torch.float32)
+                    )
                 if fleetrl_logprobs:  # fleetrl: the same quantities, computed as fleetrl.nets computes them
                     hidden = agent.network(b_obs / 255.0)
                     features = agent.extra_layer(hidden)
@@ -356,7 +371,8 @@ def lockstep(opts: argparse.Namespace) -> dict[str, str]:
                                 f"observations and actions, at the weights and statistics that acted:", acting)
     verdicts = side_by_side.both_roundings(
         f"lockstep (the networks and the update code), {opts.env_id}, seed {opts.seed}, {LOCKSTEP}",
-        lambda fleetrl_rounding: compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=fleetrl_rounding, fleetrl_logprobs=fleetrl_rounding)))
+        lambda fleetrl_rounding: compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=fleetrl_rounding, fleetrl_logprobs=fleetrl_rounding,
+                                                              fleetrl_predictor_rows=fleetrl_rounding)))
     return {**acting, **verdicts}
 
 

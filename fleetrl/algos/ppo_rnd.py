@@ -12,6 +12,7 @@ Differences from CleanRL, each on purpose (besides PPO's, ppo.py):
   the envs (it iterates over the transposed rewards), and its variance counts every step of every env;
 * a rollout's intrinsic rewards and values come from one batched pass after it, with the weights and statistics that
   acted (CleanRL's: step by step), and the target's features of the batch from one pass (CleanRL's: every epoch);
+  the predictor runs on the --update-proportion rows its loss keeps (CleanRL's: on all, the rest's loss zeroed);
 * classic control too, with 64-wide MLPs; Adam is fused.
 """
 
@@ -166,14 +167,10 @@ class RNDModel(nn.Module):
                                        layer_init(nn.Linear(output_size, output_size)))
         # Target network
         self.target = nn.Sequential(*encoder(), layer_init(nn.Linear(feature_output, output_size)))
-        # target network is not trainable
-        for param in self.target.parameters():
-            param.requires_grad = False
+        self.target.requires_grad_(False)  # target network is not trainable
 
     def forward(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        target_feature = self.target(next_obs)
-        predict_feature = self.predictor(next_obs)
-        return predict_feature, target_feature
+        return self.predictor(next_obs), self.target(next_obs)
 
 
 def rnd_input(obs: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
@@ -263,12 +260,14 @@ class Curiosity:
     # ------------------------------------------------------------------------ loss
     def loss(self, agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """PPO's loss on the extrinsic value, plus the intrinsic value's (unclipped) and the predictor's, which learns
-        on a random --update-proportion of the minibatch (towards the target's features, computed with the advantages)."""
-        predict_next_state_feature, target_next_state_feature = agent.rnd.predictor(mb["rnd_obs"]), mb["rnd_target"]
-        forward_loss = nn.functional.mse_loss(predict_next_state_feature, target_next_state_feature.detach(), reduction="none").mean(-1)
-        mask = torch.rand(len(forward_loss), device=forward_loss.device)
+        on a random --update-proportion of the minibatch (towards the target's features, computed with the advantages).
+        CleanRL runs the predictor on the whole minibatch and zeroes the rest's loss; only the chosen rows run here."""
+        mask = torch.rand(len(mb["rnd_obs"]), device=mb["rnd_obs"].device)
         mask = (mask < args.update_proportion).float()
-        forward_loss = (forward_loss * mask).sum() / mask.sum().clamp(min=1.0)  # CleanRL's max(mask.sum(), [1]), as a scalar
+        rows = mask.nonzero().squeeze(1) if mask.any() else mask.new_zeros(1, dtype=torch.long)  # none: one row, weighted 0
+        predict_next_state_feature, target_next_state_feature = agent.rnd.predictor(mb["rnd_obs"][rows]), mb["rnd_target"][rows]
+        forward_loss = nn.functional.mse_loss(predict_next_state_feature, target_next_state_feature.detach(), reduction="none").mean(-1)
+        forward_loss = (forward_loss * mask[rows]).sum() / mask.sum().clamp(min=1.0)  # CleanRL's max(mask.sum(), [1]), as a scalar
 
         logits, new_ext_values, new_int_values = agent.get_action_logits_and_values(mb["obs"])
         newlogprob, entropy = categorical_logprob_entropy(logits, mb["actions"])
