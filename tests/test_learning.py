@@ -127,6 +127,16 @@ def test_reaches_its_bar_within_its_budget_on_seed_1(learning_runs, name):
 
 
 @pytest.mark.timeout(1800)
+def test_eval_plays_the_trained_ppo_rnd_policy_greedily_and_repeatably(learning_runs):
+    # CartPole, seed 1: the run stops at a rolling 150 (33k steps); its greedy policy plays 500 three times (its
+    # samples: 111 and 302)
+    run_dir = learning_runs["ppo_rnd"][0]
+    greedy, again = evaluate(run_dir, 3), evaluate(run_dir, 3)
+    assert again["returns"] == greedy["returns"], "the greedy policy plays the same episodes from the same seed"
+    assert greedy["mean_return"] >= CHECKS["ppo_rnd"][2], greedy  # a random policy: 22.7
+
+
+@pytest.mark.timeout(1800)
 def test_eval_runs_the_trained_sac_policy_deterministically_as_well_as_it_samples_and_as_training_reached(learning_runs):
     # training's returns carry SAC's sampling noise and its earlier, weaker policies: training stopped at a rolling 320
     # here, while the final policy's mean action scores 1000 (the episode's cap) over 3 episodes, as do its samples
