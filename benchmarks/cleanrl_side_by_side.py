@@ -130,15 +130,21 @@ def command(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Name
             "--env-backend", sides.backend, "--torch-threads", "1", "--run-dir", run_dir], env
 
 
+def env_folder(env_id: str) -> str:
+    """An env id as one folder name (``ALE/Breakout-v5`` -> ``ALE_Breakout-v5``)."""
+    return env_id.replace("/", "_")
+
+
 def run_one(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Namespace, kind: str, repeat: int = 0) -> dict:
     """One run (skipped if its result is on file): wall and CPU seconds, the in-loop SPS, the last 20 episodes' mean."""
     from fleetrl.monitor.tbread import read_scalars
 
     out = os.path.abspath(opts.out)
-    result_file = os.path.join(out, "results", f"{kind}_{side}_{env_id}_{seed}_{opts.steps}_{opts.learning_starts}_{repeat}.json")
+    folder = env_folder(env_id)
+    result_file = os.path.join(out, "results", f"{kind}_{side}_{folder}_{seed}_{opts.steps}_{opts.learning_starts}_{repeat}.json")
     if os.path.exists(result_file):
         return json.load(open(result_file))
-    run_dir = os.path.join(out, kind, side, env_id, f"{env_id}__{sides.algo}__{seed}__{repeat}")
+    run_dir = os.path.join(out, kind, side, folder, f"{folder}__{sides.algo}__{seed}__{repeat}")
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
     cmd, env = command(sides, side, env_id, seed, opts, run_dir)
@@ -186,9 +192,9 @@ def learn(sides: Sides, opts: argparse.Namespace) -> None:
             print(f"{side} {opts.env_id} seed {seed}: last-20 mean {r['score']:.1f} ({r['episodes']} episodes), {r['wall_s'] / 60:.1f} min",
                   flush=True)
     out = os.path.abspath(opts.out)
-    compare = [sys.executable, "-m", "fleetrl", "compare", os.path.join(out, "learn", "fleetrl", opts.env_id),
-               os.path.join(out, "learn", "cleanrl", opts.env_id), "--labels", f"fleetrl {sides.algo}", f"CleanRL {sides.label}",
-               "--out", os.path.join(out, "compare", opts.env_id)]
+    compare = [sys.executable, "-m", "fleetrl", "compare", os.path.join(out, "learn", "fleetrl", env_folder(opts.env_id)),
+               os.path.join(out, "learn", "cleanrl", env_folder(opts.env_id)), "--labels", f"fleetrl {sides.algo}", f"CleanRL {sides.label}",
+               "--out", os.path.join(out, "compare", env_folder(opts.env_id))]
     print(f"$ {shlex.join(compare)}", flush=True)
     subprocess.run(compare, check=True)
 
