@@ -158,7 +158,7 @@ class AuxiliaryPhase:
     and, after every --n-iteration-th iteration, distils. Checkpointed with the run (``run.register_shard``): the
     rollouts stored so far in the phase, none at a phase's end."""
 
-    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, envs):
+    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, sampler):
         self.args, self.dist, self.device = run.args, run.dist, run.device
         self.agent, self.optimizer, self.grad_sync = agent, optimizer, grad_sync
         self.num_envs = run.local_num_envs

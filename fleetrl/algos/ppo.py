@@ -292,7 +292,7 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
     """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line
     (they win over a resumed run's saved arguments). The keywords are what a variant changes (fleetrl/algos/ppo_lstm.py:
     a recurrent agent, a rollout that carries its state, minibatches of whole env sequences; fleetrl/algos/ppg.py and
-    ppo_rnd.py: Adam's ``adam_eps`` and ``extension(run, agent, optimizer, grad_sync, envs)``, made before the run is
+    ppo_rnd.py: Adam's ``adam_eps`` and ``extension(run, agent, optimizer, grad_sync, sampler)``, made before the run is
     restored, whose methods, where it has them, replace or add a step: ``advantage(buffer) -> extra batch fields``
     (it fills the buffer's advantages and returns; PPO-RND's two value streams), ``loss`` (ppo_loss's signature),
     ``after_update(iteration, batch) -> scalars`` to log (PPG's auxiliary phase); ``needs_next_obs`` keeps what
@@ -318,9 +318,6 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=adam_eps, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=agent, optimizer=optimizer)  # what checkpoints hold, besides every rank's RNG streams
-        ext = extension(run, agent, optimizer, grad_sync, envs) if extension is not None else None  # PPG's, PPO-RND's
-        # torch.compile with --compile (eager if it fails), else ppo_loss (or the extension's)
-        loss_fn = accel.compiled(getattr(ext, "loss", ppo_loss), agent, dist)
         # --normalize (MuJoCo's and Procgen's default): one set of observation and reward statistics for all envs of all
         # ranks (their sums are all-reduced every step, or once an iteration with --policy-lag 1); images: rewards only
         obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if args.normalize and len(obs_shape) == 1 else None
@@ -334,9 +331,12 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
                                       timer=log.timer, actor_device=args.actor_device, saved_actor_device=run.remembered("actor_device"),
                                       policy_lag=args.policy_lag, async_batch=async_batch, obs_norm=obs_norm, reward_norm=reward_norm,
                                       global_step=run.global_step, global_envs=args.num_envs, verbose=dist.is_main,
-                                      keep_next_obs=getattr(ext, "needs_next_obs", False)))  # closing: its thread, the envs
+                                      keep_next_obs=getattr(extension, "needs_next_obs", False)))  # closing: its thread, the envs
         run.remember(actor_device=sampler.acts_on)  # where auto acts, measured once (or as the resumed run did): a resume keeps it
         run.register_per_rank(actor=sampler)  # each rank's sampling noise
+        ext = extension(run, agent, optimizer, grad_sync, sampler) if extension is not None else None  # PPG's, PPO-RND's
+        # torch.compile with --compile (eager if it fails), else ppo_loss (or the extension's)
+        loss_fn = accel.compiled(getattr(ext, "loss", ppo_loss), agent, dist)
         run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
 
         for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early

@@ -187,8 +187,9 @@ class Curiosity:
     needs_next_obs = True  # each step's next observation (an episode's last where it ended): what the curiosity is of
     CHUNK = 4096  # observations a batched pass takes at once (bounds the memory of a 128 x 128 Atari rollout)
 
-    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, envs):
+    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, sampler):
         self.args, self.dist, self.device, self.agent = run.args, run.dist, run.device, agent
+        envs = sampler.envs
         obs_space = envs.single_observation_space
         self.obs_rms = RunningMeanStd(shape=rnd_input(np.zeros((1, *obs_space.shape))).shape[1:])
         self.reward_rms = RunningMeanStd()
@@ -200,8 +201,8 @@ class Curiosity:
             if self.dist.is_main:
                 print(f"curiosity: starting the observation statistics with {self.args.num_iterations_obs_norm_init} rollouts of random "
                       f"actions", flush=True)
-            stats_from_random_actions(envs, self.obs_rms, self.args.num_iterations_obs_norm_init, self.args.num_steps, rnd_input,
-                                      run.seed, run.env_seed, self.dist.allreduce_sum_np)
+            sampler.begin(stats_from_random_actions(envs, self.obs_rms, self.args.num_iterations_obs_norm_init, self.args.num_steps,
+                                                    rnd_input, run.seed, run.env_seed, self.dist.allreduce_sum_np))  # no second reset
 
     def _set_obs_stats(self) -> None:
         self.obs_mean = torch.as_tensor(self.obs_rms.mean, device=self.device)  # float64, as CleanRL normalises

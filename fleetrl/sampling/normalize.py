@@ -175,11 +175,16 @@ class DiscountedSum:
 
 
 def stats_from_random_actions(envs, rms: RunningMeanStd, rollouts: int, num_steps: int, pick: Callable[[np.ndarray], np.ndarray],
-                              seed: int, env_seed: int | None, allreduce: AllReduce | None = None) -> None:
+                              seed: int, env_seed: int | None, allreduce: AllReduce | None = None) -> np.ndarray:
     """Start ``rms`` as CleanRL's RND does: ``rollouts`` rollouts of ``num_steps`` uniformly random actions from reset
-    envs, ``pick`` of each observation merged once a rollout (all ranks' sums, with ``allreduce``). Not counted as steps."""
+    envs, ``pick`` of each observation merged once a rollout (all ranks' sums, with ``allreduce``). Not counted as steps.
+    Returns the envs' last observations (``Sampler.begin`` goes on from them)."""
     rng = np.random.default_rng(seed)
-    envs.reset(seed=env_seed)
+    obs, _ = envs.reset(seed=env_seed)
     for _ in range(rollouts):
-        batch = [pick(envs.step(rng.integers(0, envs.single_action_space.n, size=envs.num_envs))[0]) for _ in range(num_steps)]
+        batch = []
+        for _ in range(num_steps):
+            obs = envs.step(rng.integers(0, envs.single_action_space.n, size=envs.num_envs))[0]
+            batch.append(pick(obs))
         rms.update(np.concatenate(batch), allreduce)
+    return obs

@@ -341,6 +341,12 @@ class Sampler:
         return float(np.median(times[3:]))
 
     # ---------------------------------------------------------------- filling a rollout
+    def begin(self, obs: np.ndarray) -> None:
+        """Start the first rollout from ``obs``, the envs' observations after steps taken outside the sampler (PPO-RND's
+        random-action start), instead of resetting them again (EnvPool rebuilds its pools at every reset)."""
+        self._started = True
+        self._next_obs[:] = self.obs_norm(obs) if self.obs_norm is not None else obs
+
     def _start(self) -> None:
         """Reset the envs once; first-ready sampling then keeps every env in flight across rollouts."""
         if self._started:
