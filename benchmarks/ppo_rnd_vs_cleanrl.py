@@ -224,7 +224,8 @@ def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, fleetrl_adv
                     mask = torch.rand(len(rnd_next_obs), device=device)
                     mask = (mask < args.update_proportion).type(torch.FloatTensor).to(device)
                     rows = mask.nonzero().squeeze(1) if mask.any() else mask.new_zeros(1, dtype=torch.long)
-                    predict_next_state_feature, target_next_state_feature = rnd_model(rnd_next_obs[rows])
+                    # the target on the whole minibatch as CleanRL runs it (fleetrl's: on minibatch-sized chunks, the same shapes)
+                    predict_next_state_feature, target_next_state_feature = rnd_model.predictor(rnd_next_obs[rows]), rnd_model.target(rnd_next_obs)[rows]
                     forward_loss = F.mse_loss(
                         predict_next_state_feature, target_next_state_feature.detach(), reduction="none"
                     ).mean(-1)
