@@ -17,9 +17,11 @@ A = TypeVar("A")
 
 
 FAMILY_WORDS = {"classic": "classic-control (discrete-action)", "atari": "Atari", "mujoco": "continuous-action (MuJoCo-style)",
-                "procgen": "Procgen"}
+                "procgen": "Procgen", "multiagent": "multi-agent (PettingZoo)", "multiagent-image": "multi-agent image (PettingZoo)"}
 FAMILY_ALGOS = {"classic": "`fleetrl train ppo`, `dqn` or `sac_discrete`", "atari": "`fleetrl train ppo`, `dqn` or `sac_discrete`",
-                "mujoco": "`fleetrl train sac`, `td3`, `ddpg` or `ppo`", "procgen": "`fleetrl train ppo`"}
+                "mujoco": "`fleetrl train sac`, `td3`, `ddpg` or `ppo`", "procgen": "`fleetrl train ppo`",
+                "multiagent": "`fleetrl train ppo` (one network for every agent, docs/multi-agent.md)",
+                "multiagent-image": "`fleetrl train ppo` (one network for every agent, docs/multi-agent.md)"}
 
 
 def apply_family_defaults(args: A, table: dict[str, dict[str, Any]], family: str, algo: str = "") -> A:

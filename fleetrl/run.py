@@ -46,7 +46,7 @@ from fleetrl.learner import Learner
 from fleetrl.monitor import TrainResult
 from fleetrl.monitor.trainlog import TrainLog
 
-IMAGE_FAMILIES = ("atari", "procgen")  # the families trained with a CNN; the others with small MLPs (for the thread plan)
+IMAGE_FAMILIES = ("atari", "procgen", "multiagent-image")  # the families trained with a CNN; the others with small MLPs (for the thread plan)
 MAX_FAILED_CHECKPOINTS = 3  # checkpoint writes that may fail in a row before the run stops
 STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
 
@@ -136,8 +136,15 @@ class Run:
             _warn_if_code_changed(resumed, dist.is_main)
         family = env_family(args.env_id)
         args = config.apply_family_defaults(args, family_defaults, family.name, algo)
-        validate(args, dist.world_size)
+        if family.agents > 1 and "num_envs" not in explicit and resumed is None:  # a default in whole games (rows, rounded up)
+            args.num_envs = -(-args.num_envs // family.agents) * family.agents
+        if args.num_envs % family.agents == 0:
+            validate(args, dist.world_size)
         local_num_envs = split_evenly(args.num_envs, dist.world_size, "The number of environments", "--num-envs")
+        if local_num_envs % family.agents:
+            raise FleetError(f"--num-envs {args.num_envs} counts agent rows, and {args.env_id} has {family.agents} agents in a game: each "
+                             f"of the {dist.world_size} processes needs whole games, so --num-envs must be a multiple of "
+                             f"{family.agents * dist.world_size} (e.g. {family.agents * dist.world_size * max(1, args.num_envs // (family.agents * dist.world_size))}).")
         if dist.is_main and args.run_dir is None:
             args.run_dir = config.default_run_dir(args.env_id, args.exp_name, args.seed)
         problem = _check_writable(args.run_dir) if dist.is_main else None

@@ -96,6 +96,10 @@ FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py, ppo_continuous_action.py 
     "atari": dict(total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01, frame_stack=4),
     "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0, normalize=True),
     "procgen": dict(total_timesteps=25_000_000, learning_rate=5e-4, num_envs=64, num_steps=256, num_minibatches=8, update_epochs=3, clip_coef=0.2, ent_coef=0.01, gamma=0.999, normalize=True),
+    # PettingZoo games, one network for every agent; --num-envs counts agent rows (docs/multi-agent.md): ppo.py's for
+    # vector observations, ppo_pettingzoo_ma_atari.py's (16 rows, 8 two-player games) for images
+    "multiagent": dict(total_timesteps=2_000_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.2, ent_coef=0.01),
+    "multiagent-image": dict(total_timesteps=20_000_000, learning_rate=2.5e-4, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01, frame_stack=4),
 }
 for _defaults in FAMILY_DEFAULTS.values():
     _defaults.setdefault("gamma", 0.99)
@@ -281,8 +285,9 @@ def minibatches(batch: dict[str, torch.Tensor], num_steps: int, num_minibatches:
     n = len(batch["obs"])
     b_inds = torch.randperm(n, device=batch["obs"].device)
     shuffled = {k: v[b_inds] for k, v in batch.items()}  # one gather per epoch; minibatches are views
-    for start in range(0, n, n // num_minibatches):
-        yield {k: v[start : start + n // num_minibatches] for k, v in shuffled.items()}
+    size = max(1, n // num_minibatches)  # a batch less the rows of agents that had left: the few left over sit out
+    for start in range(0, size * num_minibatches, size):
+        yield {k: v[start : start + size] for k, v in shuffled.items()}
 
 
 # ============================================================================ training
@@ -360,6 +365,8 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
             with log.timer.learn:
                 agent.train()
                 batch = {k: v.to(device) for k, v in {**buffer.flat(), **extra}.items()}
+                if not buffer.live.all():  # PettingZoo rows whose agent had left its game hold no transition
+                    batch = {k: v[torch.from_numpy(buffer.live.reshape(-1)).to(device)] for k, v in batch.items()}
                 if args.adv_norm_fullbatch:  # PPG code does full batch advantage normalization (over all ranks' batches)
                     batch["advantages"] = dist.normalize(batch["advantages"])
                 clipfracs = []

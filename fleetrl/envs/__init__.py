@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from fleetrl.cores import available_cores
 from fleetrl.envs import atari
-from fleetrl.envs.registry import EnvFactory, EnvFamily, env_family, env_spec
+from fleetrl.envs.multiagent import AgentRows, is_atari_game
+from fleetrl.envs.registry import MULTIAGENT_FAMILIES, EnvFactory, EnvFamily, env_family, env_spec
 from fleetrl.envs.stepping import check_flags, plan_stepping
 from fleetrl.envs.vector import GymAsyncVectorEnv, GymSyncVectorEnv, SyncVectorEnv, episode_stats
 from fleetrl.errors import FleetError
@@ -62,6 +63,10 @@ def make_vector_env(
     family = family or env_family(env_id)
     if backend not in BACKENDS:
         raise FleetError(f"Unknown --env-backend {backend!r}; choose one of: {', '.join(BACKENDS)}.")
+    rows = None
+    if family.name in MULTIAGENT_FAMILIES:  # --num-envs and --async-batch count agent rows; the backend steps games
+        rows = family.agents
+        num_envs, async_batch = games_of_rows(env_id, family, num_envs, async_batch, backend)
     cores = cores or available_cores()
     check_flags(num_envs, backend, env_workers, env_threads)
     reason, cost = "chosen with --env-backend", None
@@ -93,7 +98,24 @@ def make_vector_env(
     envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
                   max_restarts, env_timeout, stepping.threads if stepping is not None else 1, frame_stack or atari.FRAME_STACK)
     envs.backend, envs.backend_reason, envs.thread_plan, envs.stepping = backend, reason, thread_plan, stepping  # logged
+    if rows is not None:
+        envs = AgentRows(envs, family.agent_names, clip_rewards=is_atari_game(env_id))
     return envs
+
+
+def games_of_rows(env_id: str, family: EnvFamily, num_envs: int, async_batch: int | None, backend: str) -> tuple[int, int | None]:
+    """A PettingZoo game's rows as games: ``--num-envs`` and ``--async-batch`` in whole games, on a backend that steps
+    Python envs; else a clear error."""
+    a = family.agents
+    if backend not in ("auto", "sync", "async"):
+        raise FleetError(f"{env_id} is a PettingZoo game, which the sync and async backends step (each agent a row); "
+                         f"--env-backend {backend} cannot. Use --env-backend sync, async or auto.")
+    for flag, count in (("--num-envs", num_envs), ("--async-batch", async_batch)):
+        if count is not None and count % a:
+            raise FleetError(f"{flag} {count} counts agent rows, as CleanRL's multi-agent script does, and {env_id} has {a} agents "
+                             f"in a game, so it must be a multiple of {a} (whole games): e.g. {flag} {max(a, count - count % a)} "
+                             f"or {count - count % a + a}.")
+    return num_envs // a, None if async_batch is None else async_batch // a
 
 
 def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,

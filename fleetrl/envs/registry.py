@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 
 from fleetrl.envs import atari, partial  # noqa: F401  (partial registers CartPoleNoVel-v1)
+from fleetrl.envs.multiagent import GameEnv, is_atari_game, is_pettingzoo_id
 from fleetrl.envs.spaces import check_action_space
 from fleetrl.envs.wrappers import CheckOutputs, EpisodeStats
 from fleetrl.errors import FleetError, UnsupportedSpaceError, require
@@ -65,6 +66,8 @@ def env_id_for_checkpoint(saved: str, given: str | None, checkpoint: str, comman
     if given is not None:
         return given
     module, _ = split_custom_id(saved)
+    if is_pettingzoo_id(saved) and not saved.startswith(TRUSTED_GAME_PACKAGES):  # a user's PettingZoo module
+        module = saved
     if module is None:
         return saved
     named = f" {shlex.quote(saved)}" if saved.isprintable() else ""
@@ -74,6 +77,9 @@ def env_id_for_checkpoint(saved: str, given: str | None, checkpoint: str, comman
         f"checkpoint does. If you trust that module (where Python finds it: the current folder under `python -m fleetrl`, "
         f"then PYTHONPATH and your installed packages), name it yourself: {command} --env-id{named or ' MODULE:ENV_ID'}."
     )
+
+
+TRUSTED_GAME_PACKAGES = ("pettingzoo.", "mpe2.")  # PettingZoo ids a checkpoint may name: installed packages, not a user's module
 
 
 def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -94,11 +100,18 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 @dataclass(frozen=True)
 class EnvFamily:
-    name: str  # "classic" | "atari" | "mujoco" | "procgen"
+    name: str  # "classic" | "atari" | "mujoco" | "procgen" | "multiagent" | "multiagent-image"
     continuous: bool
+    agents: int = 1  # a PettingZoo game's agents, each a row of the vector (fleetrl/envs/multiagent.py)
+    agent_names: tuple[str, ...] = ()
+
+
+MULTIAGENT_FAMILIES = ("multiagent", "multiagent-image")  # PettingZoo games: vector observations, or images (a CNN)
 
 
 def env_family(env_id: str) -> EnvFamily:
+    if is_pettingzoo_id(env_id):
+        return _multiagent_family(env_id)
     name = import_env_module(env_id)
     if is_procgen_id(name):
         require("envpool", "envpool", f"The Procgen environment {env_id!r}")
@@ -121,6 +134,23 @@ def env_family(env_id: str) -> EnvFamily:
     return EnvFamily("mujoco" if continuous else "classic", continuous)
 
 
+def _multiagent_family(env_id: str) -> EnvFamily:
+    """A PettingZoo game's family, from one game made here: its agents, and whether rows are images."""
+    require("pettingzoo", "multiagent", f"The PettingZoo environment {env_id!r}")
+    game = GameEnv(env_id, atari=is_atari_game(env_id))
+    try:
+        obs, act = game.row_observation_space, game.row_action_space
+        check_action_space(env_id, act)
+        image = len(obs.shape) == 3
+        if not image and len(obs.shape) != 1:
+            raise UnsupportedSpaceError(f"--env-id {env_id!r}: its agents observe {obs}; fleetrl's rows take vectors or images "
+                                        f"(height, width, channels).")
+        return EnvFamily("multiagent-image" if image else "multiagent", isinstance(act, gym.spaces.Box), agents=game.agent_rows,
+                         agent_names=tuple(game.agents))
+    finally:
+        game.close()
+
+
 @dataclass(frozen=True)
 class EnvFactory:
     """A picklable recipe for one env of a vector (it can travel to a worker process).
@@ -140,8 +170,16 @@ class EnvFactory:
     frame_stack: int = atari.FRAME_STACK  # Atari frames in an observation
 
     def __call__(self) -> gym.Env:
-        name = import_env_module(self.env_id)
         render_mode = "rgb_array" if self.video_dir else None
+        if self.family in MULTIAGENT_FAMILIES:  # one game; its agents are rows (AgentRows, in the trainer)
+            env: gym.Env = GameEnv(self.env_id, atari=is_atari_game(self.env_id), frame_stack=self.frame_stack,
+                                   image=self.family == "multiagent-image", **({"render_mode": render_mode} if render_mode else {}))
+            if self.video_dir:
+                from fleetrl.envs.video import VideoRecorder
+
+                env = VideoRecorder(env, self.video_dir, episode_trigger=_every_episode if self.video_every_episode else None)
+            return env
+        name = import_env_module(self.env_id)
         if self.family == "atari":
             env = atari.make_atari(name, self.training, self.sticky_actions, render_mode, self.frame_stack)
         else:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from fleetrl.envs.wrappers import set_env_index
+from fleetrl.envs.wrappers import game_over, set_env_index
 from fleetrl import config
 from fleetrl.errors import FleetError
 
@@ -70,6 +70,8 @@ class SyncVectorEnv:
             raise FleetError(f"SyncVectorEnv stores observations in one array, and the env gives {self.single_observation_space}; "
                              f"build the envs with fleetrl.envs.EnvFactory, which flattens Dict and Tuple observations.")
         self._obs_shape = (self.num_envs, *self.single_observation_space.shape)
+        rows = getattr(self.envs[0], "agent_rows", None)  # a multi-agent game (fleetrl/envs/multiagent.py): flags per agent
+        self._flags = () if rows is None else (rows,)
         self._obs_dtype = self.single_observation_space.dtype
         self._sent: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (env ids, actions) not yet received
         # make_vec (fleetrl/envs/gym_vector.py) hands gymnasium's users every env's own infos: with this set, the
@@ -111,14 +113,14 @@ class SyncVectorEnv:
     def _step(self, ids: Sequence[int], actions: np.ndarray):
         n = len(ids)
         obs = np.empty((n, *self._obs_shape[1:]), self._obs_dtype)
-        reward = np.empty(n, np.float64)
-        terminated = np.empty(n, bool)
-        truncated = np.empty(n, bool)
+        reward = np.empty((n, *self._flags), np.float64)
+        terminated = np.empty((n, *self._flags), bool)
+        truncated = np.empty((n, *self._flags), bool)
         info: dict[str, Any] = {}
         for k, i in enumerate(ids):
             env = self.envs[i]
             ob, reward[k], terminated[k], truncated[k], env_info = env.step(actions[k])
-            if terminated[k] or truncated[k]:
+            if (terminated[k] or truncated[k]) if not self._flags else game_over(terminated[k], truncated[k]):
                 if "final_obs" not in info:
                     info.update(final_obs=np.zeros_like(obs), _final_obs=np.zeros(n, bool))
                 info["final_obs"][k], info["_final_obs"][k] = ob, True
@@ -226,12 +228,13 @@ def _find_sent(sent: deque, env_ids: np.ndarray | Sequence[int]) -> int:
     raise FleetError(f"recv({wanted.tolist()}) names envs that were not sent together; pass the env_ids given to send().")
 
 
-def episode_stats(info: dict[str, Any]) -> list[tuple[float, int]]:
-    """The (return, length) of every episode that finished on this step."""
+def episode_stats(info: dict[str, Any], *more: str) -> list[tuple]:
+    """The (return, length) of every episode that finished on this step, and the fields ``more`` names (a PettingZoo
+    game's rows: "agent", the agent's index in its game)."""
     if "_episode" not in info:
         return []
     mask = info["_episode"]
-    return list(zip(info["episode"]["r"][mask].tolist(), info["episode"]["l"][mask].tolist()))
+    return list(zip(*(info["episode"][key][mask].tolist() for key in ("r", "l", *more))))
 
 
 FIRST_READY_BACKENDS = ("async", "envpool", "ale", "auto")  # the backends whose recv() can return the first envs ready

@@ -4,6 +4,7 @@ check that stops a run with a clear message when an env returns what the learner
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -110,3 +111,11 @@ def set_env_index(env: gym.Env, index: int) -> None:
             env.env_index = index
             return
         env = env.env
+
+
+def game_over(terminated: Any, truncated: Any) -> bool:
+    """Whether an env's episode ended: a flag each, or for a multi-agent game (fleetrl/envs/multiagent.py) a flag per
+    agent, every agent's set once the game is over."""
+    if type(terminated) is bool or type(terminated) is np.bool_:
+        return bool(terminated or truncated)
+    return bool(np.all(np.logical_or(terminated, truncated)))

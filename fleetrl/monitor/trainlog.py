@@ -60,9 +60,12 @@ class TrainLog:
         (``charts/NAME``, the same on every rank), with SPS. Returns the averaged losses."""
         logger, dist = self.logger, self.dist
         all_episodes = sorted(e for rank_episodes in dist.gather_objects(episodes) for e in rank_episodes)
-        for step_logged, episode_return, length in all_episodes:
+        for step_logged, episode_return, length, *agent in all_episodes:  # a PettingZoo game's episodes: the agent's index
             logger.episodes_finished([(episode_return, length)], step_logged)
-        self.result.episode_returns += [r for _, r, _ in all_episodes]
+            if agent:  # CleanRL's multi-agent names, as ppo_pettingzoo_ma_atari.py logs them
+                logger.scalar(f"charts/episodic_return-player{agent[0]}", episode_return, step_logged)
+                logger.scalar(f"charts/episodic_length-player{agent[0]}", length, step_logged)
+        self.result.episode_returns += [e[1] for e in all_episodes]
         losses = losses or {}
         *means, self._restarts = dist.mean(_host_floats(losses.values()) + [getattr(self.envs, "worker_restarts", 0)])
         means = dict(zip(losses, means))

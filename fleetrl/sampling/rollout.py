@@ -33,6 +33,8 @@ class RolloutBuffer:
         self.rewards = np.zeros(shape, dtype=np.float32)
         self.terminated = np.zeros(shape, dtype=bool)
         self.dones = np.zeros(shape, dtype=bool)  # terminated or truncated: the episode stops here
+        # False where the row's agent had left its game (PettingZoo, fleetrl/envs/multiagent.py): no transition there
+        self.live = np.ones(shape, dtype=bool)
         # value of the final observation where an episode was truncated (0 elsewhere): the bootstrap
         self.final_values = np.zeros(shape, dtype=np.float32)
         self.advantages = np.zeros(shape, dtype=np.float32)

@@ -203,6 +203,8 @@ class Sampler:
         self._pending_version = np.zeros(self.num_envs)  # the weights' version that acted on each pending transition
         self._next_obs = np.zeros((self.num_envs, *obs_space.shape), obs_dtype)
         self._episode_start = np.ones(self.num_envs, bool)  # per env: its next observation begins an episode
+        self._live = np.ones(self.num_envs, bool)  # per row: its next observation is a live agent's (PettingZoo games)
+        self._agents = getattr(envs, "agent_rows", None)  # a game's agents: each episode is tagged with its agent's index
         self._clip = (act_space.low, act_space.high) if isinstance(act_space, gym.spaces.Box) else None
         self._to_step: np.ndarray | None = None
         self._started = False
@@ -445,6 +447,8 @@ class Sampler:
                 if hasattr(b, name):
                     getattr(b, name)[slot] = getattr(self._pending, name)[0, ids]
         b.rewards[slot], b.terminated[slot], b.dones[slot] = reward, terminated, done
+        b.live[slot] = self._live[ids]  # an agent that had left its game acted on a blank row: not a transition
+        self._live[ids] = info["live"] if "live" in info else True
         self._episode_start[ids] = done
         final_values = np.zeros(len(done), np.float32)
         if truncated.any():  # bootstrap a time limit from the value of the final observation
@@ -457,7 +461,7 @@ class Sampler:
         if self.keep_next_obs and done.any():  # the episodes' last observations (the next rows hold their successors' first)
             final_obs = np.stack(list(info["final_obs"][done]))
             b.final_obs.append((slot[0], ids[done], self.obs_norm.normalize(final_obs) if self.obs_norm is not None else final_obs))
-        b.episodes += [(tag, r, l) for r, l in episode_stats(info)]
+        b.episodes += [(tag, *stats) for stats in episode_stats(info, *(("agent",) if self._agents else ()))]
         return obs
 
     def _send(self, actions: np.ndarray, ids: np.ndarray) -> None:

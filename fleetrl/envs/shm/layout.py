@@ -30,18 +30,20 @@ def fixed_shape_and_dtype(space: gym.Space, what: str) -> tuple[tuple[int, ...],
     return tuple(batched.shape[1:]), np.dtype(batched.dtype)
 
 
-def make_layout(num_envs: int, num_workers: int, obs_space: gym.Space, act_space: gym.Space) -> tuple[Layout, int]:
-    """The arrays of ``num_envs`` envs stepped by ``num_workers`` processes, and the block's size in bytes."""
+def make_layout(num_envs: int, num_workers: int, obs_space: gym.Space, act_space: gym.Space, rows: int | None = None) -> tuple[Layout, int]:
+    """The arrays of ``num_envs`` envs stepped by ``num_workers`` processes, and the block's size in bytes. ``rows``: the
+    agents of a multi-agent game (fleetrl/envs/multiagent.py), each with its own reward and flags."""
     obs_shape, obs_dtype = fixed_shape_and_dtype(obs_space, "observation")
     act_shape, act_dtype = fixed_shape_and_dtype(act_space, "action")
     n = num_envs
+    flags = (n,) if rows is None else (n, rows)
     fields = [
         ("obs", (n, *obs_shape), obs_dtype),
         ("final_obs", (n, *obs_shape), obs_dtype),
         ("actions", (n, *act_shape), act_dtype),
-        ("reward", (n,), np.dtype(np.float64)),
-        ("terminated", (n,), np.dtype(np.bool_)),
-        ("truncated", (n,), np.dtype(np.bool_)),
+        ("reward", flags, np.dtype(np.float64)),
+        ("terminated", flags, np.dtype(np.bool_)),
+        ("truncated", flags, np.dtype(np.bool_)),
         ("final_mask", (n,), np.dtype(np.bool_)),
         ("episode_r", (n,), np.dtype(np.float64)),
         ("episode_l", (n,), np.dtype(np.int64)),

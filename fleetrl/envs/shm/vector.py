@@ -148,11 +148,12 @@ class SharedMemoryVectorEnv:
         try:
             self.single_observation_space = probe.observation_space
             self.single_action_space = probe.action_space
+            rows = getattr(probe, "agent_rows", None)  # a multi-agent game (fleetrl/envs/multiagent.py): flags per agent
         finally:
             probe.close()
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
-        layout, nbytes = make_layout(n, num_workers, self.single_observation_space, self.single_action_space)
+        layout, nbytes = make_layout(n, num_workers, self.single_observation_space, self.single_action_space, rows)
 
         # Contiguous groups, sizes differing by at most one (the first groups take the extra envs).
         sizes = [n // num_workers + (1 if w < n % num_workers else 0) for w in range(num_workers)]

@@ -20,7 +20,7 @@ import numpy as np
 
 from fleetrl.envs.shm.layout import INFO_SLOT_BYTES, Layout, map_views
 from fleetrl.envs.spaces import check_same_spaces
-from fleetrl.envs.wrappers import set_env_index
+from fleetrl.envs.wrappers import game_over, set_env_index
 from fleetrl.errors import FleetError
 from fleetrl.processes import ImportPath, become_child, pid_alive
 
@@ -143,7 +143,7 @@ class EnvStepper:
                     phase = "step"
                     action = v["actions"][i] if self._scalar_actions else v["actions"][i].copy()
                     obs, reward, terminated, truncated, info = env.step(action)
-                    if terminated or truncated:  # same-step autoreset: keep the last obs, start the next episode
+                    if game_over(terminated, truncated):  # same-step autoreset: keep the last obs, start the next episode
                         v["final_obs"][i], v["final_mask"][i] = obs, True
                         episode = info.get("episode")
                         if episode is not None:

@@ -1,0 +1,193 @@
+"""PettingZoo games as rows of the vector (fleetrl/envs/multiagent.py) and parameter-shared PPO on them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import killed_on_exit, require_module, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
+from fleetrl import checkpoint
+from fleetrl.algos.ppo import Agent, gae, rollout
+from fleetrl.envs import make_vector_env
+from fleetrl.envs.vector import episode_stats
+from fleetrl.errors import FleetError
+from fleetrl.monitor.tbread import read_scalars
+from fleetrl.monitor.timing import PhaseTimer
+from fleetrl.sampling.sampler import Sampler
+
+require_module("pettingzoo")
+
+COORDINATE = "fleetrl_test_games.coordinate"  # tests/fleetrl_test_games/
+LEAVE_EARLY = "fleetrl_test_games.leave_early"
+
+
+def agent_of_rows(obs: np.ndarray) -> np.ndarray:
+    """The coordination game's observation says which agent sees it (one-hot at 3 + k)."""
+    return obs[:, 3:5].argmax(1)
+
+
+@pytest.mark.parametrize("backend", ["sync", "async"])
+def test_rows_are_agents_game_by_game_and_stay_so_after_resets(backend):
+    envs = make_vector_env(COORDINATE, 6, backend)
+    try:
+        assert (envs.num_envs, envs.num_games, envs.agent_rows) == (6, 3, 2)
+        assert envs.single_observation_space.shape == (5,) and envs.single_action_space.n == 3
+        obs, _ = envs.reset(seed=3)
+        expected = np.tile([0, 1], 3)  # row g*2+k is agent k of game g
+        assert (agent_of_rows(obs) == expected).all()
+        assert (obs[0::2, :3] == obs[1::2, :3]).all(), "both agents of a game see its cue"
+        for _ in range(25):  # through two game ends (10 steps each) and their resets
+            obs, reward, terminated, truncated, info = envs.step(np.zeros(6, np.int64))
+            assert (agent_of_rows(obs) == expected).all()
+            assert (reward[0::2] == reward[1::2]).all(), "a shared team reward"
+    finally:
+        envs.close()
+
+
+def test_rows_keep_their_agents_after_a_worker_restart():
+    envs = make_vector_env(COORDINATE, 4, "async", env_workers=2)
+    try:
+        envs.reset(seed=1)
+        envs.step(np.zeros(4, np.int64))
+        victim = envs.worker_pids[1]
+        os.kill(victim, signal.SIGKILL)
+        obs, reward, terminated, truncated, info = envs.step(np.zeros(4, np.int64))
+        assert envs.worker_restarts == 1 and envs.worker_pids[1] != victim
+        assert (agent_of_rows(obs) == [0, 1, 0, 1]).all()
+        assert truncated[2:].all() and not truncated[:2].any(), "the restarted worker's game is cut for both its agents"
+        obs, *_ = envs.step(np.zeros(4, np.int64))
+        assert (agent_of_rows(obs) == [0, 1, 0, 1]).all()
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("backend", ["sync", "async"])
+def test_an_agent_that_leaves_early_is_masked_and_its_episode_is_its_own(backend):
+    envs = make_vector_env(LEAVE_EARLY, 4, backend)  # rows: stayer, quitter, stayer, quitter
+    try:
+        envs.reset(seed=0)
+        lives, episodes, flags = [], [], []
+        for _ in range(9):
+            obs, reward, terminated, truncated, info = envs.step(np.zeros(4, np.int64))
+            lives.append(info.get("live", np.ones(4, bool)).copy())
+            flags.append((terminated.copy(), truncated.copy()))
+            episodes += episode_stats(info, "agent")
+            if "_final_obs" in info:
+                assert (info["_final_obs"] == (terminated | truncated)).all()
+        quitter = [live[1] for live in lives]
+        # the quitter leaves on the game's step 3 and comes back when the game restarts after step 8
+        assert quitter == [True, True, False, False, False, False, False, True, True]
+        assert all(live[0] for live in lives), "the stayer plays every step"
+        assert flags[2][0][1] and not flags[2][1][1], "the quitter's last transition is terminated"
+        assert not any(flags[t][0][1] or flags[t][1][1] for t in range(3, 7)), "no flags while it is gone"
+        assert flags[7][1][0] and not flags[7][0][1], "the game's time limit truncates the stayer only"
+        assert sorted(set(episodes)) == [(3.0, 3, 1), (8.0, 8, 0)], "each agent's own return and length"
+    finally:
+        envs.close()
+
+
+def test_sampler_stores_no_transition_for_a_gone_agent_and_gae_does_not_cross_its_gap():
+    envs = make_vector_env(LEAVE_EARLY, 2, "sync")
+    torch.manual_seed(0)
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space)
+    sampler = Sampler(envs, agent, 16, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer())
+    try:
+        b = sampler.collect()
+    finally:
+        sampler.close()
+    quitter = b.live[:, 1]
+    # game steps 1..8 then 1..8 again: the quitter acts on steps 1-3 of each game
+    assert quitter.tolist() == [True] * 3 + [False] * 5 + [True] * 3 + [False] * 5
+    assert b.live[:, 0].all()
+    assert b.terminated[2, 1] and b.terminated[10, 1]
+    advantages = gae(b, 0.99, 0.95)
+    # the quitter's last live step: its own reward and value only, nothing from the steps after the gap
+    assert advantages[2, 1] == pytest.approx(b.rewards[2, 1] - b.values[2, 1], abs=1e-6)
+    assert (b.rewards[~b.live] == 0).all()
+
+
+@pytest.mark.slow
+def test_parameter_shared_ppo_learns_the_coordination_game_and_plays_it_greedily(tmp_path):
+    run_dir = tmp_path / "run"
+    trained = run_fleetrl("train", "ppo", "--env-id", COORDINATE, "--total-timesteps", "20000", "--learning-rate", "3e-3", "--num-envs",
+                          "8", "--num-steps", "64", "--seed", "1", "--torch-threads", "1", "--env-backend", "sync", "--run-dir", str(run_dir),
+                          "--no-progress")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    returns = [p.value for p in read_scalars(str(run_dir), "charts/episodic_return")]
+    assert np.mean(returns[:40]) < 2.5, "a random team wins about 1 step in 9"
+    assert np.mean(returns[-40:]) > 8.5, "one network plays both roles"
+    for player in (0, 1):  # CleanRL's per-player charts
+        assert read_scalars(str(run_dir), f"charts/episodic_return-player{player}")
+    out = run_fleetrl("eval", str(run_dir), "--env-id", COORDINATE, "--episodes", "4", "--json").stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["episodes"] == 4 and result["mean_return"] == 10.0
+    assert result["agent_returns"] == {"player_0": [10.0] * 4, "player_1": [10.0] * 4}
+    out = run_fleetrl("eval", str(run_dir), "--env-id", COORDINATE, "--episodes", "20", "--opponent", "random", "--json").stdout
+    against_random = json.loads(out.strip().splitlines()[-1])
+    assert 1.0 < against_random["mean_return"] < 6.0, "a random partner plays its role a third of the time"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical(tmp_path, monkeypatch):
+    # 32 steps an iteration are 4 whole games of 8 steps, so each checkpoint falls between games, and a resumed run's
+    # fresh games are the ones an uninterrupted run plays next; each step sleeps 5 ms so the SIGTERM lands mid-run
+    monkeypatch.setenv("LEAVE_EARLY_STEP_S", "0.005")
+    tiny = ["train", "ppo", "--env-id", LEAVE_EARLY, "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--seed", "3",
+            "--torch-threads", "1", "--env-backend", "sync", "--no-progress", "--total-timesteps", str(12 * 128), "--checkpoint-every", "1"]
+    whole = run_fleetrl(*tiny, "--run-dir", str(tmp_path / "whole"), timeout=240)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    proc = start_fleetrl_group(*tiny, "--run-dir", str(tmp_path / "part"))
+    with killed_on_exit(proc):
+        wait_for_checkpoint(proc, tmp_path / "part", min_step=2 * 128)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    stopped = checkpoint.load_checkpoint(tmp_path / "part")
+    assert 2 * 128 <= stopped["global_step"] < 12 * 128
+    resumed = run_fleetrl(*tiny, "--run-dir", str(tmp_path / "part"), "--resume", "auto", timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first, second = checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(tmp_path / "part")
+    assert first["global_step"] == second["global_step"] == 12 * 128
+    for key in first["model"]:
+        assert torch.equal(first["model"][key], second["model"][key]), key
+    quitter = [p.value for p in read_scalars(str(tmp_path / "part"), "charts/episodic_length-player1")]
+    assert set(quitter) == {3.0}, "the quitter's episodes are its own 3 steps"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--env-id", "fleetrl_test_games.no_such_game"], ["cannot import", "parallel_env"]),
+    (["--env-id", "fleetrl_test_games.turns"], ["aec_to_parallel", "turn"]),
+    (["--env-id", "fleetrl_test_games.mismatched"], ["different action spaces", "Discrete(3)", "Discrete(4)"]),
+    (["--env-id", COORDINATE, "--num-envs", "3"], ["multiple of 2", "whole games"]),
+    (["--env-id", COORDINATE, "--env-backend", "envpool"], ["sync and async"]),
+])
+def test_bad_multiagent_input_is_one_clear_error(argv, words, tmp_path):
+    result = run_fleetrl("train", "ppo", *argv, "--total-timesteps", "4096", "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+def test_other_algorithms_refuse_a_multiagent_game(tmp_path):
+    result = run_fleetrl("train", "dqn", "--env-id", COORDINATE, "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 2 and "fleetrl train ppo" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_observations_of_different_lengths_are_padded():
+    envs = make_vector_env("fleetrl_test_games.padded", 2, "sync")
+    try:
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (2, 5) and (obs[1, 3:] == 0).all()
+    finally:
+        envs.close()
+
+
+def test_a_missing_pettingzoo_module_is_named():
+    with pytest.raises(FleetError, match="cannot import"):
+        make_vector_env("fleetrl_test_games.nothing_here", 2, "sync")
