@@ -58,7 +58,7 @@ EXTRAS = {
     "atari": "ale-py opencv-python-headless",
     "mujoco": "mujoco imageio",
     "envpool": "envpool",
-    "multiagent": "pettingzoo mpe2 multi-agent-ale-py pymunk pygame",
+    "multiagent": "pettingzoo mpe2 multi-agent-ale-py pymunk pygame tinyscaler",
     "video": "imageio imageio-ffmpeg pygame",
     "tune": "optuna cmaes pyyaml matplotlib 'psycopg[binary]'",
     "track": "wandb",

@@ -191,3 +191,47 @@ def test_observations_of_different_lengths_are_padded():
 def test_a_missing_pettingzoo_module_is_named():
     with pytest.raises(FleetError, match="cannot import"):
         make_vector_env("fleetrl_test_games.nothing_here", 2, "sync")
+
+
+def supersuit_pong():
+    """CleanRL's ppo_pettingzoo_ma_atari.py's chain, SuperSuit's wrappers on one game (its vector wrappers no longer run)."""
+    import ale_py
+    import supersuit as ss
+    from pettingzoo.atari import pong_v3
+
+    env = pong_v3.parallel_env(auto_rom_install_path=os.path.dirname(ale_py.__file__))
+    env = ss.max_observation_v0(env, 2)
+    env = ss.frame_skip_v0(env, 4)
+    env = ss.clip_reward_v0(env, lower_bound=-1, upper_bound=1)
+    env = ss.color_reduction_v0(env, mode="B")
+    env = ss.resize_v1(env, x_size=84, y_size=84)
+    env = ss.frame_stack_v1(env, 4)
+    return ss.agent_indicator_v0(env, type_only=False)
+
+
+def test_pong_frames_match_cleanrls_supersuit_chain_frame_for_frame():
+    require_module("supersuit")
+    require_module("ale_py")
+    from fleetrl.envs.multiagent import GameEnv
+
+    theirs, ours = supersuit_pong(), GameEnv("pettingzoo.atari.pong_v3", atari=True)
+    try:
+        their_obs, _ = theirs.reset(seed=5)
+        our_obs, _ = ours.reset(seed=5)
+        rng = np.random.default_rng(0)
+        scored = 0
+        for t in range(300):  # a recorded action sequence: the same random actions on both
+            for k, agent in enumerate(ours.agents):  # SuperSuit's frames are channels last
+                assert np.array_equal(their_obs[agent].transpose(2, 0, 1), our_obs[k]), f"step {t}, {agent}"
+            actions = rng.integers(6, size=2)
+            their_obs, their_reward, terminated, truncated, _ = theirs.step(dict(zip(ours.agents, actions)))
+            our_obs, our_reward, our_terminated, our_truncated, _ = ours.step(actions)
+            # the game's reward is clipped by the vector for learning, after it counts the score
+            assert [their_reward[a] for a in ours.agents] == np.clip(our_reward, -1, 1).tolist(), f"step {t}"
+            assert [terminated[a] for a in ours.agents] == our_terminated.tolist()
+            scored += int(np.abs(our_reward).sum())
+        assert scored > 0, "points were scored, so rewards were compared"
+        assert our_obs[0][4:].max(axis=(1, 2)).tolist() == [255, 0] and our_obs[1][4:].max(axis=(1, 2)).tolist() == [0, 255]
+    finally:
+        theirs.close()
+        ours.close()
