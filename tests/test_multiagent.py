@@ -235,3 +235,36 @@ def test_pong_frames_match_cleanrls_supersuit_chain_frame_for_frame():
     finally:
         theirs.close()
         ours.close()
+
+
+def test_first_ready_batches_are_whole_games_and_each_agent_keeps_its_trajectory():
+    envs = make_vector_env(LEAVE_EARLY, 8, "async", async_batch=4, env_workers=2)  # 4 games; batches of 2 games
+    torch.manual_seed(0)
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space)
+    sampler = Sampler(envs, agent, 16, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(), async_batch=4)
+    try:
+        b = sampler.collect()
+    finally:
+        sampler.close()
+    assert b.env_ids.shape == (32, 4)
+    assert (b.env_ids[:, 0::2] % 2 == 0).all() and (b.env_ids[:, 1::2] == b.env_ids[:, 0::2] + 1).all(), "whole games"
+    for quitter in (1, 3, 5, 7):  # its transitions in arrival order follow its games: 3 steps in, 5 gone
+        live = b.live[b.env_ids == quitter].tolist()
+        assert live == ([True] * 3 + [False] * 5) * (len(live) // 8) + ([True] * 3 + [False] * 5)[: len(live) % 8]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_two_ranks_train_parameter_shared_ppo_to_identical_replicas(tmp_path):
+    from test_distributed import torchrun
+
+    run_dir = tmp_path / "run"
+    proc = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppo", "--env-id", LEAVE_EARLY, "--no-cuda",
+                    "--env-backend", "sync", "--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2",
+                    "--total-timesteps", str(4 * 128), "--run-dir", str(run_dir), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout
+    assert [p.step for p in read_scalars(str(run_dir), "losses/policy_loss")] == [128, 256, 384, 512]
+    bad = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppo", "--env-id", LEAVE_EARLY, "--no-cuda",
+                   "--env-backend", "sync", "--num-envs", "6", "--total-timesteps", "4096", "--run-dir", str(tmp_path / "bad"), timeout=240)
+    assert bad.returncode != 0 and "multiple of 4" in bad.stderr

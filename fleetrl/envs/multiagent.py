@@ -225,6 +225,11 @@ class AgentRows:
             raise AttributeError(name)
         return getattr(self.games, name)
 
+    @property
+    def async_batch(self) -> int:
+        """First-ready batches in rows: the games' batches, whole games each."""
+        return self.games.async_batch * self.agent_rows
+
     def rows(self, game_ids: np.ndarray) -> np.ndarray:
         return (np.asarray(game_ids, np.int64)[:, None] * self.agent_rows + np.arange(self.agent_rows)).reshape(-1)
 
