@@ -99,15 +99,16 @@ def evaluate(args: EvalArgs) -> dict:
                     lengths.append(length)
     finally:
         envs.close()
+    played = len(per_agent[0]) if agents else len(returns)  # episodes, or a PettingZoo game's games
     if video_dir:  # the autoreset after the last episode began one more video, of its reset frame only: no episode
         for extra in Path(video_dir).glob(f"{VIDEO_PREFIX}-episode-*.mp4"):
-            if int(extra.stem.rsplit("-", 1)[1]) >= len(returns):
+            if int(extra.stem.rsplit("-", 1)[1]) >= played:
                 extra.unlink()
     result = {
         "checkpoint": str(path),
         "env_id": env_id,
         "global_step": state["global_step"],
-        "episodes": len(per_agent[0]) if agents else len(returns),  # games, for a PettingZoo game
+        "episodes": played,
         "mean_return": float(np.mean(returns)),
         "std_return": float(np.std(returns)),
         "mean_length": float(np.mean(lengths)),

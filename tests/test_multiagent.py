@@ -268,3 +268,20 @@ def test_torchrun_two_ranks_train_parameter_shared_ppo_to_identical_replicas(tmp
     bad = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppo", "--env-id", LEAVE_EARLY, "--no-cuda",
                    "--env-backend", "sync", "--num-envs", "6", "--total-timesteps", "4096", "--run-dir", str(tmp_path / "bad"), timeout=240)
     assert bad.returncode != 0 and "multiple of 4" in bad.stderr
+
+
+@pytest.mark.slow
+def test_an_mpe_game_trains_records_video_and_evaluates_per_agent(tmp_path):
+    require_module("mpe2")
+    run_dir = tmp_path / "run"
+    trained = run_fleetrl("train", "ppo", "--env-id", "mpe2.simple_spread_v3", "--total-timesteps", "1536", "--capture-video",
+                          "--run-dir", str(run_dir), "--no-progress")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert checkpoint.load_checkpoint(run_dir)["args"]["num_envs"] == 6, "PPO's 4 rows, rounded up to 2 games of 3"
+    assert len(read_scalars(str(run_dir), "charts/episodic_return-player2")) > 0
+    assert list((run_dir / "videos").glob("*.mp4"))
+    out = run_fleetrl("eval", str(run_dir), "--episodes", "2", "--capture-video", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 2 and set(result["agent_returns"]) == {"agent_0", "agent_1", "agent_2"}
+    assert sorted(p.name for p in (run_dir / "videos_eval").glob("*.mp4")) == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]

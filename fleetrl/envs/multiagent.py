@@ -194,7 +194,11 @@ class GameEnv(gym.Env):
         return self._stack(observations), reward, terminated, truncated, {}
 
     def render(self):
-        return self.game.render()
+        try:
+            return self.game.render()
+        except NotImplementedError:
+            raise FleetError(f"--env-id {self.env_id!r}: the game has no render(), so --capture-video has no frames to record. "
+                             f"Leave --capture-video out, or give the game a render() for render_mode='rgb_array'.") from None
 
     def close(self) -> None:
         self.game.close()

@@ -70,7 +70,7 @@ class SyncVectorEnv:
             raise FleetError(f"SyncVectorEnv stores observations in one array, and the env gives {self.single_observation_space}; "
                              f"build the envs with fleetrl.envs.EnvFactory, which flattens Dict and Tuple observations.")
         self._obs_shape = (self.num_envs, *self.single_observation_space.shape)
-        rows = getattr(self.envs[0], "agent_rows", None)  # a multi-agent game (fleetrl/envs/multiagent.py): flags per agent
+        rows = getattr(self.envs[0].unwrapped, "agent_rows", None)  # a multi-agent game (fleetrl/envs/multiagent.py): flags per agent
         self._flags = () if rows is None else (rows,)
         self._obs_dtype = self.single_observation_space.dtype
         self._sent: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (env ids, actions) not yet received

@@ -31,7 +31,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from fleetrl.envs.wrappers import EpisodeStats
+from fleetrl.envs.wrappers import EpisodeStats, game_over
 from fleetrl.errors import FleetError
 from fleetrl.files import move_into_place, temporary_path
 
@@ -123,7 +123,7 @@ class VideoRecorder(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         if self.recording:
             self._capture()
-        ended = "episode" in info if self._real_end_key else (terminated or truncated)
+        ended = "episode" in info if self._real_end_key else game_over(terminated, truncated)  # a game: every agent
         if ended:
             self._in_episode = False
             self._finish()

@@ -148,7 +148,7 @@ class SharedMemoryVectorEnv:
         try:
             self.single_observation_space = probe.observation_space
             self.single_action_space = probe.action_space
-            rows = getattr(probe, "agent_rows", None)  # a multi-agent game (fleetrl/envs/multiagent.py): flags per agent
+            rows = getattr(probe.unwrapped, "agent_rows", None)  # a multi-agent game (fleetrl/envs/multiagent.py): flags per agent
         finally:
             probe.close()
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
