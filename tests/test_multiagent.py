@@ -285,3 +285,30 @@ def test_an_mpe_game_trains_records_video_and_evaluates_per_agent(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["episodes"] == 2 and set(result["agent_returns"]) == {"agent_0", "agent_1", "agent_2"}
     assert sorted(p.name for p in (run_dir / "videos_eval").glob("*.mp4")) == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_benchmark_plot_compare_and_tune_run_a_multiagent_game(tmp_path):
+    import shutil
+
+    from optuna.trial import TrialState
+    from test_tune import load, tune_args, write_space
+
+    command = ["fleetrl", "train", "ppo", "--total-timesteps", "1024", "--num-envs", "4", "--num-steps", "64", "--env-backend", "sync"]
+    out = tmp_path / "bench"
+    bench = run_fleetrl("benchmark", "--env-ids", COORDINATE, "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *command,
+                        timeout=400)
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    assert f"| {COORDINATE} | return | 2 |" in bench.stdout and "IQM [95% CI]" in bench.stdout
+    plot = run_fleetrl("plot", str(out), "-o", str(tmp_path / "curves.png"), timeout=120)
+    assert plot.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, plot.stderr[-3000:]
+    shutil.copytree(out, tmp_path / "same")
+    compare = run_fleetrl("compare", str(out), str(tmp_path / "same"), "--labels", "a", "b", "--out", str(tmp_path / "compare"), timeout=120)
+    assert compare.returncode == 0 and "| a | b | 0.500 [" in compare.stdout, compare.stdout + compare.stderr
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    space = write_space(tmp_path, "learning-rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
+    tune = run_fleetrl(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--storage", storage, "--out", str(tmp_path / "tune"),
+                                  space=space, command=command, env_ids=(COORDINATE,)), timeout=400)
+    assert tune.returncode == 0, tune.stdout + tune.stderr
+    assert len(load(storage).trials) == 2 and all(t.state == TrialState.COMPLETE for t in load(storage).trials)
