@@ -47,8 +47,9 @@ class FleetVectorEnv(gym.vector.VectorEnv):
         self.single_action_space = fleet_envs.single_action_space
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
-        # sync and async hand over every env's own infos when asked; ale and envpool have none to give
-        self._env_infos = hasattr(fleet_envs, "keep_env_infos")
+        # sync and async hand over every env's own infos when asked; ale and envpool have none to give, and a PettingZoo
+        # game's rows (fleetrl/envs/multiagent.py) give each agent's episode statistics, as the C++ backends do
+        self._env_infos = hasattr(fleet_envs, "keep_env_infos") and not hasattr(fleet_envs, "agent_rows")
         if self._env_infos:
             fleet_envs.keep_env_infos = True
         # gymnasium keeps a Discrete env's observation as the scalar it returned, any other as an array (a 0-d one too)

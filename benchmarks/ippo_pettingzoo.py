@@ -1,0 +1,159 @@
+"""Independent PPO learners on a PettingZoo game: the baseline of benchmarks/multiagent_learning.py (issue 37).
+
+CleanRL's ppo.py loop (its Agent, rollout, GAE and clipped update, unchanged in substance), with one network and one
+optimiser per agent: agent k acts on its own rows of fleetrl's vector (``make_vec``: row ``g * A + k`` is agent k of
+game g) and is trained only on them. Nothing is shared between the agents, which is what "independent learners" means
+against fleetrl's parameter-shared PPO. ``--random``: no network, uniform random actions (the random baseline), logged
+the same way. It writes CleanRL's TensorBoard scalars (``charts/episodic_return`` per agent episode) into ``--run-dir``,
+which ``fleetrl compare`` reads. Vector observations and discrete actions (MPE); agents that leave early are not masked.
+
+    python benchmarks/ippo_pettingzoo.py --env-id mpe2.simple_spread_v3 --seed 1 --total-timesteps 500000 --run-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+from fleetrl.envs import make_vec
+from fleetrl.envs.registry import env_family
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):  # CleanRL's ppo.py Agent
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        self.critic = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                                    layer_init(nn.Linear(64, 1), std=1.0))
+        self.actor = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                                   layer_init(nn.Linear(64, n_actions), std=0.01))
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        probs = Categorical(logits=self.actor(x))
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env-id", default="mpe2.simple_spread_v3")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--total-timesteps", type=int, default=2_000_000, help="agent steps (rows x steps), as fleetrl counts them")
+    p.add_argument("--num-envs", type=int, default=6, help="agent rows (whole games)")
+    p.add_argument("--num-steps", type=int, default=128)
+    p.add_argument("--learning-rate", type=float, default=2.5e-4)
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--gae-lambda", type=float, default=0.95)
+    p.add_argument("--num-minibatches", type=int, default=4)
+    p.add_argument("--update-epochs", type=int, default=4)
+    p.add_argument("--clip-coef", type=float, default=0.2)
+    p.add_argument("--ent-coef", type=float, default=0.01)
+    p.add_argument("--vf-coef", type=float, default=0.5)
+    p.add_argument("--max-grad-norm", type=float, default=0.5)
+    p.add_argument("--random", action="store_true", help="uniform random actions, no learning")
+    p.add_argument("--run-dir", required=True)
+    args = p.parse_args()
+
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    writer = SummaryWriter(args.run_dir)
+    num_agents = env_family(args.env_id).agents
+    envs = make_vec(args.env_id, args.num_envs, backend="sync")
+    obs_dim, n_actions = int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n)
+    rows = [np.arange(k, args.num_envs, num_agents) for k in range(num_agents)]  # agent k's rows
+    agents = [Agent(obs_dim, n_actions) for _ in range(num_agents)]
+    optimizers = [optim.Adam(a.parameters(), lr=args.learning_rate, eps=1e-5) for a in agents]
+    rng = np.random.default_rng(args.seed)
+
+    T, N = args.num_steps, args.num_envs
+    obs = torch.zeros((T, N, obs_dim))
+    actions = torch.zeros((T, N), dtype=torch.long)
+    logprobs, rewards, dones, values = (torch.zeros((T, N)) for _ in range(4))
+    next_obs = torch.tensor(envs.reset(seed=args.seed)[0], dtype=torch.float32).reshape(N, -1)
+    next_done = torch.zeros(N)
+    global_step, start = 0, time.time()
+    num_iterations = args.total_timesteps // (T * N)
+    for iteration in range(1, num_iterations + 1):
+        frac = 1.0 - (iteration - 1.0) / num_iterations  # CleanRL's annealed learning rate
+        for optimizer in optimizers:
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        for step in range(T):
+            global_step += N
+            obs[step], dones[step] = next_obs, next_done
+            with torch.no_grad():
+                for k, agent in enumerate(agents):
+                    if args.random:
+                        actions[step, rows[k]] = torch.from_numpy(rng.integers(n_actions, size=len(rows[k])))
+                        continue
+                    action, logprob, _, value = agent.get_action_and_value(next_obs[rows[k]])
+                    actions[step, rows[k]], logprobs[step, rows[k]], values[step, rows[k]] = action, logprob, value.flatten()
+            o, reward, terminations, truncations, infos = envs.step(actions[step].numpy())
+            rewards[step] = torch.tensor(reward, dtype=torch.float32)
+            next_obs = torch.tensor(o, dtype=torch.float32).reshape(N, -1)
+            next_done = torch.tensor(np.logical_or(terminations, truncations), dtype=torch.float32)
+            if "final_info" in infos and "_episode" in infos["final_info"]:
+                finished = infos["final_info"]
+                for i in np.flatnonzero(finished["_episode"]):
+                    writer.add_scalar("charts/episodic_return", finished["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", finished["episode"]["l"][i], global_step)
+        if args.random:
+            writer.add_scalar("charts/SPS", int(global_step / (time.time() - start)), global_step)
+            continue
+
+        for k, agent in enumerate(agents):  # each agent learns from its own rows only
+            r = rows[k]
+            with torch.no_grad():  # CleanRL's GAE
+                next_value = agent.get_value(next_obs[r]).reshape(1, -1)
+                advantages = torch.zeros((T, len(r)))
+                lastgaelam = 0
+                for t in reversed(range(T)):
+                    nextnonterminal = 1.0 - (next_done[r] if t == T - 1 else dones[t + 1, r])
+                    nextvalues = next_value if t == T - 1 else values[t + 1, r]
+                    delta = rewards[t, r] + args.gamma * nextvalues * nextnonterminal - values[t, r]
+                    advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                returns = advantages + values[:, r]
+            b_obs, b_actions = obs[:, r].reshape(-1, obs_dim), actions[:, r].reshape(-1)
+            b_logprobs, b_advantages = logprobs[:, r].reshape(-1), advantages.reshape(-1)
+            b_returns, b_values = returns.reshape(-1), values[:, r].reshape(-1)
+            batch_size = len(b_obs)
+            minibatch_size = batch_size // args.num_minibatches
+            for _ in range(args.update_epochs):  # CleanRL's clipped update
+                b_inds = np.random.permutation(batch_size)
+                for begin in range(0, batch_size, minibatch_size):
+                    mb = b_inds[begin : begin + minibatch_size]
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+                    ratio = (newlogprob - b_logprobs[mb]).exp()
+                    mb_adv = (b_advantages[mb] - b_advantages[mb].mean()) / (b_advantages[mb].std() + 1e-8)
+                    pg_loss = torch.max(-mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+                    newvalue = newvalue.view(-1)
+                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
+                    v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
+                    loss = pg_loss - args.ent_coef * entropy.mean() + v_loss * args.vf_coef
+                    optimizers[k].zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizers[k].step()
+        writer.add_scalar("charts/SPS", int(global_step / (time.time() - start)), global_step)
+    envs.close()
+    writer.close()
+
+
+if __name__ == "__main__":
+    main()
