@@ -66,9 +66,10 @@ def test_rows_keep_their_agents_after_a_worker_restart():
         envs.close()
 
 
-@pytest.mark.parametrize("backend", ["sync", "async"])
-def test_an_agent_that_leaves_early_is_masked_and_its_episode_is_its_own(backend):
-    envs = make_vector_env(LEAVE_EARLY, 4, backend)  # rows: stayer, quitter, stayer, quitter
+@pytest.mark.parametrize("backend, options", [("sync", {}), ("async", {}), ("async", {"env_workers": 1, "env_threads": 2})],
+                         ids=["sync", "async", "async-stepping-threads"])
+def test_an_agent_that_leaves_early_is_masked_and_its_episode_is_its_own(backend, options):
+    envs = make_vector_env(LEAVE_EARLY, 4, backend, **options)  # rows: stayer, quitter, stayer, quitter
     try:
         envs.reset(seed=0)
         lives, episodes, flags = [], [], []
