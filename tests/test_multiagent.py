@@ -175,8 +175,9 @@ def test_bad_multiagent_input_is_one_clear_error(argv, words, tmp_path):
         assert word in result.stderr, result.stderr
 
 
-def test_other_algorithms_refuse_a_multiagent_game(tmp_path):
-    result = run_fleetrl("train", "dqn", "--env-id", COORDINATE, "--run-dir", str(tmp_path / "r"))
+@pytest.mark.parametrize("algo", ["dqn", "ppo_lstm", "ppg", "ppo_rnd"])
+def test_other_algorithms_refuse_a_multiagent_game(tmp_path, algo):
+    result = run_fleetrl("train", algo, "--env-id", COORDINATE, "--run-dir", str(tmp_path / "r"))
     assert result.returncode == 2 and "fleetrl train ppo" in result.stderr and "Traceback" not in result.stderr
 
 

@@ -50,7 +50,8 @@ class Args(ppo.Args):
 
 
 FAMILY_DEFAULTS = {
-    **{family: {**defaults, "gae_lambda": 0.95} for family, defaults in ppo.FAMILY_DEFAULTS.items()},
+    # not PettingZoo games: an agent that leaves early would cut its row's sequence (docs/multi-agent.md)
+    **{family: {**defaults, "gae_lambda": 0.95} for family, defaults in ppo.FAMILY_DEFAULTS.items() if not family.startswith("multiagent")},
     # CleanRL's ppo_atari_lstm.py: ppo_atari.py's, with one frame a step
     "atari": {**ppo.FAMILY_DEFAULTS["atari"], "frame_stack": 1, "gae_lambda": 0.95},
     # CleanRL has no recurrent classic-control file; RL Zoo's tuned RecurrentPPO for CartPoleNoVel-v1 (8 envs x 32 steps,
