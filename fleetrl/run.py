@@ -138,13 +138,12 @@ class Run:
         args = config.apply_family_defaults(args, family_defaults, family.name, algo)
         if family.agents > 1 and "num_envs" not in explicit and resumed is None:  # a default in whole games (rows, rounded up)
             args.num_envs = -(-args.num_envs // family.agents) * family.agents
-        if args.num_envs % family.agents == 0:
-            validate(args, dist.world_size)
-        local_num_envs = split_evenly(args.num_envs, dist.world_size, "The number of environments", "--num-envs")
-        if local_num_envs % family.agents:
+        if family.agents > 1 and args.num_envs % (family.agents * dist.world_size):  # each process steps whole games
             raise FleetError(f"--num-envs {args.num_envs} counts agent rows, and {args.env_id} has {family.agents} agents in a game: each "
                              f"of the {dist.world_size} processes needs whole games, so --num-envs must be a multiple of "
                              f"{family.agents * dist.world_size} (e.g. {family.agents * dist.world_size * max(1, args.num_envs // (family.agents * dist.world_size))}).")
+        validate(args, dist.world_size)
+        local_num_envs = split_evenly(args.num_envs, dist.world_size, "The number of environments", "--num-envs")
         if dist.is_main and args.run_dir is None:
             args.run_dir = config.default_run_dir(args.env_id, args.exp_name, args.seed)
         problem = _check_writable(args.run_dir) if dist.is_main else None
