@@ -67,23 +67,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500_000, help="agent steps per run (rows x steps)")
     parser.add_argument("--num-envs", type=int, default=6, help="agent rows, every config (6: 2 games of 3 agents)")
     parser.add_argument("--window", type=int, default=300, help="the last episodes a run's score averages")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="which of shared,independent,random to run")
     parser.add_argument("--cpu", default="1", help="taskset -c for every run")
     parser.add_argument("--out", default=os.path.join(ROOT, "runs", "multiagent_learning"))
     opts = parser.parse_args()
     opts.out = os.path.abspath(opts.out)
     low, _, high = opts.seeds.partition("-")
-    scores: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    configs = tuple(c for c in CONFIGS if c in opts.configs.split(","))
+    if not configs:
+        parser.error(f"--configs names none of {','.join(CONFIGS)}")
+    scores: dict[str, list[float]] = {c: [] for c in configs}
     for i, seed in enumerate(range(int(low), int(high or low) + 1)):
-        for config in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
+        for config in (configs if i % 2 == 0 else configs[::-1]):
             r = run(config, opts, seed)
             scores[config].append(r["score"])
             print(f"{config:11s} seed {seed}: mean return of the last {opts.window} agent episodes {r['score']:.2f} "
                   f"({r['episodes']} episodes, {r['wall_s'] / 60:.1f} min)", flush=True)
     print(f"\n{opts.env_id}, {opts.steps:,} agent steps a run, --num-envs {opts.num_envs}, seeds {opts.seeds}\n")
     print("| config | mean score | per seed |\n| --- | --- | --- |")
-    for config in CONFIGS:
+    for config in configs:
         print(f"| {config} | {np.mean(scores[config]):.2f} | {', '.join(f'{s:.1f}' for s in scores[config])} |")
-    compare = [sys.executable, "-m", "fleetrl", "compare", *(os.path.join(opts.out, c) for c in CONFIGS), "--labels", *CONFIGS,
+    compare = [sys.executable, "-m", "fleetrl", "compare", *(os.path.join(opts.out, c) for c in configs), "--labels", *configs,
                "--out", os.path.join(opts.out, "compare")]
     print(f"\n$ {shlex.join(compare)}", flush=True)
     subprocess.run(compare, check=True, env={**os.environ, "PYTHONPATH": ROOT})
