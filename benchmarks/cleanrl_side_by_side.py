@@ -144,7 +144,8 @@ def run_one(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Name
 
     out = os.path.abspath(opts.out)
     folder = env_folder(env_id)
-    setup = f"_t{opts.threads}_{zlib.crc32(opts.fleetrl_flags.encode()):08x}" if getattr(opts, "threads", 1) != 1 or getattr(opts, "fleetrl_flags", "") else ""
+    threads, flags = getattr(opts, "threads", 1), getattr(opts, "fleetrl_flags", "") if side == "fleetrl" else ""
+    setup = (f"_t{threads}" if threads != 1 else "") + (f"_{zlib.crc32(flags.encode()):08x}" if flags else "")  # CleanRL's runs serve every flag set
     result_file = os.path.join(out, "results", f"{kind}_{side}_{folder}_{seed}_{opts.steps}_{opts.learning_starts}_{repeat}{setup}.json")
     if os.path.exists(result_file):
         return json.load(open(result_file))
