@@ -388,7 +388,8 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
 
             # ---------------------------------------------------------------- logging
             stats["clipfrac"], stats["loss"] = torch.stack(clipfracs).mean(), loss_and_kl[0]  # a non-finite loss stops the run
-            stats["explained_variance"] = explained_variance(buffer.values.ravel(), buffer.returns.ravel(), dist.allreduce_sum_np)
+            live = buffer.live.ravel()  # rows whose agent had left its game predicted nothing to explain
+            stats["explained_variance"] = explained_variance(buffer.values.ravel()[live], buffer.returns.ravel()[live], dist.allreduce_sum_np)
             run.end_iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,  # and SPS, perf, resources, checkpoints
                           charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag,
                                   **getattr(ext, "charts", {})})
