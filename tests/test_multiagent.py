@@ -195,6 +195,19 @@ def test_a_missing_pettingzoo_module_is_named():
         make_vector_env("fleetrl_test_games.nothing_here", 2, "sync")
 
 
+def test_a_missing_rom_is_one_paragraph_that_says_where_ale_py_keeps_them(tmp_path, monkeypatch):
+    # an ale-py without ROMs, for real: PettingZoo is pointed at an empty folder and raises its own missing-ROM error
+    from fleetrl.envs import multiagent
+
+    empty = tmp_path / "roms"
+    empty.mkdir()
+    monkeypatch.setattr(multiagent, "ale_rom_folder", lambda: str(empty))
+    with pytest.raises(FleetError) as err:
+        multiagent.make_parallel_env("pettingzoo.atari.pong_v3")
+    message = str(err.value)
+    assert "ROM" in message and str(empty) in message and "ale-py" in message and "\n" not in message
+
+
 def supersuit_pong():
     """CleanRL's ppo_pettingzoo_ma_atari.py's chain, SuperSuit's wrappers on one game (its vector wrappers no longer run)."""
     import ale_py
