@@ -121,16 +121,15 @@ class Sides:
 
 
 def command(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Namespace, run_dir: str) -> tuple[list[str], dict]:
-    threads = getattr(opts, "threads", 1)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": f"{ROOT}:{HERE}"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads), "PYTHONPATH": f"{ROOT}:{HERE}"}
     budget = ["--env-id", env_id, "--seed", str(seed), "--total-timesteps", str(opts.steps), *sides.flags(env_id, opts), "--no-cuda"]
     if side == "cleanrl":
         env["CLEANRL_RUN_DIR"] = run_dir
         budget[1] = sides.their_env_id(env_id)
         return ["taskset", "-c", opts.cpu, sys.executable, sides.script, *budget], env
     return ["taskset", "-c", opts.cpu, sys.executable, "-m", "fleetrl", "train", sides.algo, *budget, "--no-progress",
-            "--env-backend", sides.backend, "--torch-threads", str(threads), "--run-dir", run_dir,
-            *shlex.split(getattr(opts, "fleetrl_flags", ""))], env  # the user's flags last: the last of a repeated flag wins
+            "--env-backend", sides.backend, "--torch-threads", str(opts.threads), "--run-dir", run_dir,
+            *shlex.split(opts.fleetrl_flags)], env  # the user's flags last: the last of a repeated flag wins
 
 
 def env_folder(env_id: str) -> str:
@@ -144,8 +143,8 @@ def run_one(sides: Sides, side: str, env_id: str, seed: int, opts: argparse.Name
 
     out = os.path.abspath(opts.out)
     folder = env_folder(env_id)
-    threads, flags = getattr(opts, "threads", 1), getattr(opts, "fleetrl_flags", "") if side == "fleetrl" else ""
-    setup = (f"_t{threads}" if threads != 1 else "") + (f"_{zlib.crc32(flags.encode()):08x}" if flags else "")  # CleanRL's runs serve every flag set
+    flags = opts.fleetrl_flags if side == "fleetrl" else ""
+    setup = (f"_t{opts.threads}" if opts.threads != 1 else "") + (f"_{zlib.crc32(flags.encode()):08x}" if flags else "")  # CleanRL's runs serve every flag set
     result_file = os.path.join(out, "results", f"{kind}_{side}_{folder}_{seed}_{opts.steps}_{opts.learning_starts}_{repeat}{setup}.json")
     if os.path.exists(result_file):
         return json.load(open(result_file))
@@ -180,8 +179,8 @@ def speed(sides: Sides, opts: argparse.Namespace) -> None:
     loop_base = np.median([r["loop_sps"] for r in results["cleanrl"]])
     wall_base = np.median([r["steps"] / r["wall_s"] for r in results["cleanrl"]])
     print(f"\n{opts.env_id}, {opts.steps:,} steps a run, flags {shlex.join(sides.flags(opts.env_id, opts))}, CleanRL's other "
-          f"defaults, seed 1, medians of {opts.repeats}, alternating; one process at a time, {getattr(opts, 'threads', 1)} torch "
-          f"thread(s) a side, taskset -c {opts.cpu}; fleetrl's extra flags: {getattr(opts, 'fleetrl_flags', '') or 'none'}\n")
+          f"defaults, seed 1, medians of {opts.repeats}, alternating; one process at a time, {opts.threads} torch "
+          f"thread(s) a side, taskset -c {opts.cpu}; fleetrl's extra flags: {opts.fleetrl_flags or 'none'}\n")
     print("| side | SPS in the loop (median) | runs | vs CleanRL | SPS, wall, start-up included (median) | vs CleanRL |\n"
           "| --- | --- | --- | --- | --- | --- |")
     for side, runs in results.items():
@@ -220,6 +219,6 @@ def parser(doc: str, env_id: str, steps: int, learning_starts: int, out: str) ->
     parser.add_argument("--repeats", type=int, default=3, help="for --speed")
     parser.add_argument("--cpu", default="1", help="taskset -c for every run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads a side (OMP_NUM_THREADS, fleetrl's --torch-threads)")
-    parser.add_argument("--fleetrl-flags", default="", help='more flags for fleetrl\'s side, after the harness\'s (e.g. "--env-backend async")')
+    parser.add_argument("--fleetrl-flags", default="", help='more flags for fleetrl\'s side, after the harness\'s (e.g. --fleetrl-flags="--env-backend async")')
     parser.add_argument("--out", default=os.path.join(ROOT, "runs", out))
     return parser
