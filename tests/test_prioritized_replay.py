@@ -323,16 +323,23 @@ def test_plain_buffers_still_sample_a_five_field_replay_batch():
 
 
 def test_update_priorities_leaves_alone_a_slot_written_again_while_its_transition_waits():
+    # one env whose episode never ends: after each step the newest n - 1 = 2 transitions wait for their returns
     rb = ReplayBuffer(10, 1, VECTOR_OBS, ACTIONS, n_step=3, gamma=0.9, alpha=1.0)
-    stream = scripted_stream(1, 30, seed=0)
-    for _ in range(12):
-        rb.add(*next(stream))
-    newest = (rb.row - 1) % rb.rows
-    if rb.pending[0]:
-        rb.update_priorities(np.array([newest]), np.array([5.0]))
-        assert rb.priorities.tree.leaves[newest] == 0
-    rb.update_priorities(np.array([rb.row]), np.array([5.0]))  # the oldest, complete
-    assert rb.priorities.tree.leaves[rb.row] == np.float32(5.0 + 1e-6)
+
+    def step(t: int) -> None:
+        rb.add(np.array([[t, 0, 0]], np.float32), np.array([[t + 1, 0, 0]], np.float32), np.array([t % 4]), np.array([1.0]),
+               np.array([False]), np.array([False]), {})
+
+    for t in range(10):
+        step(t)
+    sampled = np.array([0, 1, 5])  # a batch drawn now: slot 0 holds the oldest transition, complete
+    assert rb.row == 0 and rb.pending[0] == 2 and (rb.priorities.tree.leaves[sampled] > 0).all()
+    step(10)  # the ring wraps: slot 0 is written again, its new transition waits while the batch's loss is computed
+    assert rb.pending[0] == 2 and rb.priorities.tree.leaves[0] == 0
+    rb.update_priorities(sampled, np.array([5.0, 6.0, 7.0]))
+    assert rb.priorities.tree.leaves[0] == 0, "the waiting transition stays unsampleable: the old one's loss is not its priority"
+    assert rb.priorities.tree.leaves[1] == np.float32(6.0 + 1e-6) and rb.priorities.tree.leaves[5] == np.float32(7.0 + 1e-6)
+    assert 0 not in rb.sampleable() and {1, 5} <= set(rb.sampleable().tolist())
 
 
 def test_state_dict_round_trip_keeps_priorities_and_waiting_transitions(tmp_path):
