@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from fleetrl.envs.registry import EnvFactory, EnvFamily
+from fleetrl.envs.wrappers import game_over
 from fleetrl.errors import EnvOutputError, FleetError
 
 PROBE_SECONDS = 1.0  # the longest a step probe runs (it stops earlier at PROBE_MAX_STEPS)
@@ -38,6 +39,10 @@ class ProbeHung(FleetError):
     def __init__(self, what: str, timeout: float):
         super().__init__(f"its {what} gave no answer within {timeout:g} s")
         self.what, self.timeout = what, timeout
+
+
+class ProbeFailed(FleetError):
+    """The env raised in a probe where the probe cannot measure around it (the thread-safety check's runs alone)."""
 
 
 class Watch:
@@ -135,7 +140,7 @@ def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS,
                 _, _, terminated, truncated, _ = watch.call("step", env.step, action)
                 walls.append(time.perf_counter() - t0)
                 cpu.append(time.thread_time() - c0)
-                if terminated or truncated:
+                if game_over(terminated, truncated):  # a PettingZoo game's flags are per agent: over when every agent is done
                     watch.call("reset", env.reset)
         finally:
             watch.call("close", env.close)
@@ -161,6 +166,10 @@ def measure_step(env_id: str, family: EnvFamily, seconds: float = PROBE_SECONDS,
             raise FleetError(f"The env {env_id} raised before its first step was done, while fleetrl timed it before training: "
                              f"{type(exc).__name__}: {exc}. Fix the env (it must reset and step with random actions), or "
                              f"{how_to_skip}.") from None
+        # a choice resting on a few steps must say so where it is printed (the backend's and the plan's reason)
+        note = f"measured on {len(walls)} steps: then it raised {type(exc).__name__}: {exc}"
+        print(f"fleetrl: warning: the env {env_id} raised while fleetrl timed it before training ({type(exc).__name__}: {exc}); "
+              f"its cost is measured on the {len(walls)} steps before.", file=sys.stderr, flush=True)
     walls, cpu = walls[: len(cpu)], cpu[: len(walls)]  # (a step the probe was in when it was left: one list may be ahead)
     return StepCost(float(np.median(walls) * 1e6), sum(cpu) / len(walls) * 1e6, len(walls), note)
 
@@ -176,7 +185,8 @@ def steps_alike_in_threads(env_id: str, family: EnvFamily, steps: int = THREAD_C
     """Whether two copies stepped at once from two threads give exactly what one copy gives alone, for the same seed
     and actions (True), or not (False: state shared between copies, as in a C library with globals). None when two
     runs alone already differ: the env is not reproducible, so the check cannot tell. Raises :class:`ProbeHung` when
-    an env call takes longer than ``env_timeout`` (its construction at least the workers' build time)."""
+    an env call takes longer than ``env_timeout`` (its construction at least the workers' build time), and
+    :class:`ProbeFailed` when one copy stepped alone raises (so nothing could be compared)."""
     make = make_env or EnvFactory(env_id, family.name)
     return run_bounded(lambda watch: _steps_alike_in_threads(make, steps, watch), env_timeout, name="fleetrl-thread-check")
 
@@ -190,8 +200,8 @@ def _steps_alike_in_threads(make_env: Callable[[], gym.Env], steps: int, watch: 
         actions = [copies[0].action_space.sample() for _ in range(steps)]
         try:
             alone = [_trajectory(copies[0], actions, watch), _trajectory(copies[0], actions, watch)]
-        except Exception:  # noqa: BLE001 - an env that fails alone cannot be checked here; training meets its error
-            return None
+        except Exception as exc:  # noqa: BLE001 - an env that fails alone cannot be checked; the reason says so
+            raise ProbeFailed(f"one copy stepped alone raised {type(exc).__name__}: {exc}") from None
         if not _same(*alone):
             return None
         together: list[Any] = [None, None]
@@ -219,8 +229,9 @@ def _trajectory(env: gym.Env, actions: list[Any], watch: Watch) -> list[tuple]:
     out = [(np.array(watch.call("reset", env.reset, seed=0)[0], copy=True),)]
     for action in actions:
         obs, reward, terminated, truncated, _ = watch.call("step", env.step, action)
-        out.append((np.array(obs, copy=True), float(reward), bool(terminated), bool(truncated)))
-        if terminated or truncated:
+        # arrays, not float()/bool(): a PettingZoo game gives a reward and a pair of flags per agent
+        out.append(tuple(np.array(x, copy=True) for x in (obs, reward, terminated, truncated)))
+        if game_over(terminated, truncated):
             out.append((np.array(watch.call("reset", env.reset)[0], copy=True),))
     return out
 

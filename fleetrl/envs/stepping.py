@@ -23,7 +23,7 @@ from typing import Callable
 
 import gymnasium as gym
 
-from fleetrl.envs.probe import ENV_TIMEOUT_S, ProbeHung, StepCost, declared_thread_safe, measure_step, run_bounded, steps_alike_in_threads
+from fleetrl.envs.probe import ENV_TIMEOUT_S, ProbeFailed, ProbeHung, StepCost, declared_thread_safe, measure_step, run_bounded, steps_alike_in_threads
 from fleetrl.envs.registry import EnvFactory, EnvFamily
 from fleetrl.errors import FleetError
 
@@ -145,6 +145,8 @@ def _thread_safety(env_id: str, family: EnvFamily, env_timeout: float | None = E
         alike = steps_alike_in_threads(env_id, family, env_timeout=env_timeout, make_env=make)
     except ProbeHung as exc:  # a hung env: stepping it beside another was never seen to work
         return False, f"its thread-safety check was left unfinished ({exc}, --env-timeout)"
+    except ProbeFailed as exc:  # nothing to compare: unknown, so processes, with the env's error in the reason
+        return False, f"its thread-safety check failed ({exc})"
     if alike is False:
         return False, "two copies stepped at once from two threads disagreed with one stepped alone (not thread-safe)"
     if alike is None:  # unknown counts as unsafe: threads on a wrong guess corrupt data silently, processes only cost memory
