@@ -195,8 +195,20 @@ def test_observations_are_normalised_without_reward_normalisation():
         buffer = sampler.collect()
     finally:
         sampler.close()
-    assert obs_norm.rms.count > 16, "every step's observations update the statistics"
-    assert np.abs(buffer.obs[1:].mean(axis=(0, 1))).max() < 2.0, "the stored observations are normalised, not raw ([seed, ...])"
+    # the same envs replayed with the rollout's actions: each step's raw observations (the reset's first) update the
+    # statistics, and are then stored normalised by them, as CleanRL's NormalizeObservation does
+    replay, reference = SyncVectorEnv(counting(2)), ObsNormalizer(envs.single_observation_space.shape)
+    raw, _ = replay.reset(seed=5)
+    try:
+        for t in range(16):
+            np.testing.assert_array_equal(buffer.obs[t], reference(raw), err_msg=f"step {t}")
+            raw, *_ = replay.step(buffer.actions[t].astype(np.int64))
+    finally:
+        replay.close()
+    reference(raw)  # the observation the next rollout starts from was counted too
+    assert obs_norm.rms.count == reference.rms.count == 1e-4 + 17 * 2
+    np.testing.assert_array_equal(obs_norm.rms.mean, reference.rms.mean)
+    np.testing.assert_array_equal(obs_norm.rms.var, reference.rms.var)
 
 
 def test_close_leaves_the_envs_to_a_sampler_thread_that_did_not_stop(monkeypatch, capsys, tmp_path):
