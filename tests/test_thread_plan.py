@@ -16,6 +16,7 @@ import torch
 
 from conftest import require_module
 from fleetrl import runtime
+from fleetrl.cores import Cores
 from fleetrl.envs import make_vector_env
 from fleetrl.errors import FleetError
 from fleetrl.runtime import ThreadPlan, plan_threads
@@ -209,8 +210,10 @@ def test_run_start_gives_a_cnn_the_free_cores_only_when_threads_spin_and_runs_ne
     # the thread count changes a CNN's gradients in the last bits: with --torch-deterministic (the default) the plan
     # never follows the load, so one command trains alike on a quiet and on a busy machine
     require_module("ale_py", "atari")
-    cores = os.cpu_count() or 1
-    monkeypatch.setattr(runtime, "busy_cores_elsewhere", lambda *a, **k: cores - 1.0)  # every core but one is taken
+    # four cores, whatever this host has: on a one-core allocation (a Slurm step, a cpuset) every case would plan 1 thread
+    # and the test could not fail
+    monkeypatch.setattr(runtime, "machine_cores", lambda: Cores(usable=4, machine=4, affinity=4, quota=None))
+    monkeypatch.setattr(runtime, "busy_cores_elsewhere", lambda *a, **k: 3.0)  # every core but one is taken
     if passive:
         monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
     else:
@@ -218,7 +221,7 @@ def test_run_start_gives_a_cnn_the_free_cores_only_when_threads_spin_and_runs_ne
     before = torch.get_num_threads()
     run = _start_run(tmp_path, "BreakoutNoFrameskip-v4", torch_deterministic=deterministic)
     try:
-        assert run.threads.torch_threads == (run.cores if passive or deterministic else 1)
+        assert run.cores == 4 and run.threads.torch_threads == (4 if passive or deterministic else 1)
     finally:
         run.close()
         torch.set_num_threads(before)
