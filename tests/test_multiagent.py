@@ -112,6 +112,29 @@ def test_sampler_stores_no_transition_for_a_gone_agent_and_gae_does_not_cross_it
     assert (b.rewards[~b.live] == 0).all()
 
 
+def test_normalisation_statistics_leave_out_the_rows_of_a_gone_agent():
+    """--normalize through the sampler: the blank rows of the quitter's gaps are not observations or transitions. Every
+    live observation of the game has a 1.0 in column 2 (blank rows are zeros), and the reward statistics merge one
+    return per live transition."""
+    from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
+
+    envs = make_vector_env(LEAVE_EARLY, 2, "sync")
+    torch.manual_seed(0)
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space)
+    obs_norm, reward_norm = ObsNormalizer(envs.single_observation_space.shape), RewardNormalizer(2, 0.99)
+    sampler = Sampler(envs, agent, 16, rollout=rollout, device=torch.device("cpu"), seed=0, env_seed=0, timer=PhaseTimer(),
+                      obs_norm=obs_norm, reward_norm=reward_norm)
+    try:
+        b = sampler.collect()
+    finally:
+        sampler.close()
+    assert not b.live.all(), "the quitter's gaps are in the rollout"
+    assert obs_norm.rms.mean[2] == pytest.approx(1.0, abs=1e-5) and obs_norm.rms.var[2] == pytest.approx(0.0, abs=1e-4)
+    # observations: the 2 at reset, and each step's live next ones (the last step's game ended and restarted: 2)
+    assert obs_norm.rms.count == pytest.approx(1e-4 + b.live.sum() + 2)
+    assert reward_norm.rms.count == pytest.approx(1e-4 + b.live.sum())
+
+
 @pytest.mark.slow
 def test_parameter_shared_ppo_learns_the_coordination_game_and_plays_it_greedily(tmp_path):
     run_dir = tmp_path / "run"

@@ -63,3 +63,40 @@ def test_scalar_statistics_survive_a_safe_checkpoint_round_trip(tmp_path):
     other = RunningMeanStd(())
     other.load_state_dict(torch.load(tmp_path / "rms.pt", weights_only=True))
     assert other.var == pytest.approx(float(norm.rms.var)) and other.count == pytest.approx(norm.rms.count)
+
+
+def test_blank_rows_leave_the_observation_statistics_unchanged():
+    """Rows of PettingZoo agents that have left a game are zeros: with ``live`` they count for nothing, so the statistics
+    are those of the live rows alone, batch by batch (and every row is still normalised)."""
+    rng = np.random.default_rng(2)
+    masked, reference = ObsNormalizer((3,)), ObsNormalizer((3,))
+    for _ in range(20):
+        obs = rng.normal(loc=4.0, scale=2.0, size=(6, 3))
+        live = rng.random(6) < 0.5
+        obs[~live] = 0.0
+        out = masked(obs, live=live)
+        reference(obs[live])
+        assert out.shape == obs.shape
+    np.testing.assert_array_equal(masked.rms.mean, reference.rms.mean)
+    np.testing.assert_array_equal(masked.rms.var, reference.rms.var)
+    assert masked.rms.count == reference.rms.count
+    unmasked = ObsNormalizer((3,))
+    unmasked(np.zeros((6, 3)))
+    assert unmasked.rms.mean[0] == 0.0 and masked.rms.mean[0] > 3.0, "the zeros would have pulled the mean down"
+
+
+def test_blank_rows_leave_the_reward_statistics_unchanged():
+    """Env 1's agent plays 2 steps and leaves (done), then its row is blank (reward 0): the statistics hold the returns
+    of live steps only: env 0's 1, 1.9, 2.71, 3.439 and env 1's 1, 1.9."""
+    norm = RewardNormalizer(2, gamma=0.9)
+    steps = [([True, True], [False, False]), ([True, True], [False, True]), ([True, False], [False, False]),
+             ([True, False], [False, False])]
+    for live, done in steps:
+        live = np.array(live)
+        norm(np.where(live, 1.0, 0.0), np.array(done), live=live)
+    reference = RunningMeanStd(())
+    for returns in ([1.0, 1.0], [1.9, 1.9], [2.71], [3.439]):  # merged step by step, as the normaliser merges
+        reference.update(np.array(returns))
+    assert norm.rms.count == reference.count
+    np.testing.assert_allclose(norm.rms.mean, reference.mean, rtol=1e-12)
+    np.testing.assert_allclose(norm.rms.var, reference.var, rtol=1e-12)

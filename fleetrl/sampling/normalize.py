@@ -11,6 +11,11 @@ Two ways to merge, chosen by the sampler:
   thread merges them (:meth:`merge`, the one collective) and hands the new statistics to the sampler
   with the new weights (:meth:`acting_stats` / :meth:`use_stats`). No collective runs on the sampler
   thread, and statistics and weights lag alike.
+
+A PettingZoo game's rows (fleetrl/envs/multiagent.py) include blank ones, of agents that have left the game: zeros, not
+observations or rewards of anything. The callers pass ``live`` (which rows are real), and only those rows count, so the
+statistics are what they would be without the blank rows (they still get normalised, with the others, and are dropped
+later by the learner).
 """
 
 from __future__ import annotations
@@ -86,9 +91,11 @@ class _RunningNormalizer:
         self._pending = np.zeros_like(self.rms.batch_sums(np.zeros((0, *self.rms.mean.shape))))
         self._acting = self.acting_stats()
 
-    def _observe(self, batch: np.ndarray) -> None:
+    def _observe(self, batch: np.ndarray, live: np.ndarray | None = None) -> None:
         if self.frozen:
             return
+        if live is not None:  # blank rows of agents that have left a game; every rank still takes part in the all-reduce
+            batch = batch[np.asarray(live, bool)]
         if self.deferred:
             self._pending += self.rms.batch_sums(batch)
         else:
@@ -123,9 +130,10 @@ class ObsNormalizer(_RunningNormalizer):
     def __init__(self, shape: tuple[int, ...], allreduce: AllReduce | None = None):
         super().__init__(shape, allreduce)
 
-    def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+    def __call__(self, obs: np.ndarray, update: bool = True, live: np.ndarray | None = None) -> np.ndarray:
+        """``obs`` normalised, after merging them into the statistics (with ``update``; ``live``: only those rows)."""
         if update:
-            self._observe(obs)
+            self._observe(obs, live)
         return self.normalize(obs)
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
@@ -145,10 +153,12 @@ class RewardNormalizer(_RunningNormalizer):
         self.gamma = gamma
         self.returns = np.zeros(num_envs, np.float64)
 
-    def __call__(self, reward: np.ndarray, done: np.ndarray, env_ids: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """``reward``/``done`` of the envs ``env_ids`` (all by default), in that order."""
+    def __call__(self, reward: np.ndarray, done: np.ndarray, env_ids: np.ndarray | slice = slice(None),
+                 live: np.ndarray | None = None) -> np.ndarray:
+        """``reward``/``done`` of the envs ``env_ids`` (all by default), in that order; ``live``: the rows whose step was
+        a transition (the others' returns are not merged into the statistics)."""
         returns = self.returns[env_ids] * self.gamma + reward
-        self._observe(returns)
+        self._observe(returns, live)
         returns[done] = 0.0
         self.returns[env_ids] = returns
         _, var = self._stats()

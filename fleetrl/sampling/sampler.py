@@ -438,16 +438,18 @@ class Sampler:
         pending ones first, with ``pending``); returns their next observations (normalised)."""
         obs, reward, terminated, truncated, info = result[:5]
         done = terminated | truncated
+        acted = self._live[ids]  # False: an agent that had left its game acted on a blank row, not a transition
+        # --normalize's statistics count live rows only (the blank rows of PettingZoo agents that left are zeros)
         if self.reward_norm is not None:
-            reward = self.reward_norm(reward, done, ids)
+            reward = self.reward_norm(reward, done, ids, live=None if acted.all() else acted)
         if self.obs_norm is not None:
-            obs = self.obs_norm(obs)
+            obs = self.obs_norm(obs, live=info["live"] if "live" in info else None)
         if pending:  # the transitions acted on when these envs were last sent, now in their row
             for name in ("obs", "actions", "logprobs", "values", "states", "starts"):
                 if hasattr(b, name):
                     getattr(b, name)[slot] = getattr(self._pending, name)[0, ids]
         b.rewards[slot], b.terminated[slot], b.dones[slot] = reward, terminated, done
-        b.live[slot] = self._live[ids]  # an agent that had left its game acted on a blank row: not a transition
+        b.live[slot] = acted
         self._live[ids] = info["live"] if "live" in info else True
         self._episode_start[ids] = done
         final_values = np.zeros(len(done), np.float32)
