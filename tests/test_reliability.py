@@ -97,10 +97,22 @@ def test_checkpoints_without_manifests_are_used_unverified_by_eval_and_resume_au
     assert [p.step for p in read_scalars(run_dir, "charts/learning_rate")] == [BATCH, 2 * BATCH, 3 * BATCH]
 
 
-def test_a_checkpoints_manifest_names_its_checkpoint(cartpole_run):
-    manifest = checkpoint.manifest_path(checkpoint.list_checkpoints(cartpole_run)[-1])
-    evaluated = run_fleetrl("eval", str(manifest), "--episodes", "1", timeout=120)
-    assert evaluated.returncode == 0 and "torn" not in evaluated.stderr, evaluated.stderr[-3000:]
+def test_a_checkpoints_manifest_names_its_checkpoint_not_its_folders_newest(tmp_path, cartpole_run):
+    run_dir = tmp_path / "run"
+    shutil.copytree(cartpole_run, run_dir)
+    (older,) = checkpoint.list_checkpoints(run_dir)
+    newer = checkpoint.save_checkpoint({**checkpoint.load_checkpoint(older), "global_step": 2 * 1024}, run_dir, keep=5)
+    threads = torch.get_num_threads()  # eval sets this process's thread count
+    try:
+        evaluated = {path: run_fleetrl_in_process("eval", str(path), "--episodes", "1", "--json")
+                     for path in (checkpoint.manifest_path(older), run_dir)}
+    finally:
+        torch.set_num_threads(threads)
+    for path, proc in evaluated.items():
+        assert proc.returncode == 0 and "torn" not in proc.stderr and "manifest" not in proc.stderr, proc.stderr[-3000:]
+    by_manifest, by_folder = (json.loads(evaluated[path].stdout.strip().splitlines()[-1]) for path in evaluated)
+    assert (by_manifest["checkpoint"], by_manifest["global_step"]) == (str(older), 1024), "the manifest's own checkpoint, verified"
+    assert (by_folder["checkpoint"], by_folder["global_step"]) == (str(newer), 2048), "the folder's newest is another one"
 
 
 @contextlib.contextmanager
