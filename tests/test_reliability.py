@@ -367,8 +367,12 @@ def test_sigterm_to_the_whole_process_group_of_an_async_run_checkpoints_without_
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_at_most_the_work_since_the_last_checkpoint(tmp_path):
     run_dir, iterations = tmp_path / "run", 60
-    train = ["train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--total-timesteps", str(iterations * BATCH),
-             "--checkpoint-every", "1", "--keep-checkpoints", "2", "--resume", "auto", "--run-dir", str(run_dir)]
+    # each step sleeps 1 ms, so an iteration takes at least half a second however fast the host: a life is killed a
+    # few iterations after its first new checkpoint, long before the end (plain CartPole's 20k SPS ran a resumed run to
+    # its end between two polls)
+    train = ["train", "ppo", "--env-id", "fleetrl_test_envs:SlowCartPole-v1", "--env-backend", "sync", "--no-cuda",
+             "--total-timesteps", str(iterations * BATCH), "--checkpoint-every", "1", "--keep-checkpoints", "2", "--resume", "auto",
+             "--run-dir", str(run_dir)]
     rng = random.Random(11)
     kills = 0
     for _ in range(4):
