@@ -132,9 +132,10 @@ class Run:
         # rank 0 finds and loads the checkpoint, each rank verifies its own shard of it; everyone gets it (or the same error)
         resumed = _load_resume(args, algo, dist)
         if resumed is not None:
-            args = _resumed_args(args, resumed, explicit, algo)
+            args = _resumed_args(args, resumed, explicit, algo, say=dist.is_main)
             _warn_if_code_changed(resumed, dist.is_main)
         family = env_family(args.env_id)
+        config.check_agent_rows(args.env_id, family.name, algo, cls.command_for(algo), cls.algorithm_file)  # PettingZoo games
         args = config.apply_family_defaults(args, family_defaults, family.name, algo)
         if family.agents > 1 and "num_envs" not in explicit and resumed is None:  # a default in whole games (rows, rounded up)
             args.num_envs = -(-args.num_envs // family.agents) * family.agents
@@ -496,13 +497,21 @@ def _warn_if_code_changed(resumed: dict[str, Any], say: bool) -> None:
               f"checkpoint's {str(saved.get('sha256'))[:16]}...): the run goes on with the code as it is now.", file=sys.stderr, flush=True)
 
 
-def _resumed_args(args: Any, resumed: dict[str, Any], explicit: set[str], algo: str) -> Any:
-    """A resumed run's arguments: the checkpoint's, less the flags given again. Two things a checkpoint (which may come
-    from anyone) never chooses: a module to import (a saved custom env id is used only when ``--env-id`` names one) and
+# what a checkpoint (which may come from anyone) never chooses for a resumed run: anything that reaches outside its run
+# folder (uploads to Weights & Biases), and where it writes. These hold only when the command line gives them.
+NOT_RESUMED = frozenset({"resume", "run_dir", "track", "wandb_project_name", "wandb_entity"})
+
+
+def _resumed_args(args: Any, resumed: dict[str, Any], explicit: set[str], algo: str, say: bool = True) -> Any:
+    """A resumed run's arguments: the checkpoint's, less the flags given again and :data:`NOT_RESUMED`. What a checkpoint
+    never chooses: a module to import (a saved custom env id is used only when ``--env-id`` names one), uploads, and
     where the run writes. Without ``--run-dir`` that is the run folder the checkpoint lies in (``RUN/checkpoints/``),
     never the folder saved in it; a checkpoint file kept elsewhere needs ``--run-dir``."""
     saved = resumed["args"]
-    args = config.merge_resumed_args(args, saved, explicit | {"resume", "run_dir"})
+    args = config.merge_resumed_args(args, saved, explicit | NOT_RESUMED)
+    if saved.get("track") and not args.track and say:
+        print(f"fleetrl: the run in {resumed['_path']} was tracked with Weights & Biases; a resume uploads only when its command "
+              f"line asks: add --track (and --wandb-project-name, --wandb-entity) to go on tracking it.", file=sys.stderr, flush=True)
     if isinstance(saved.get("env_id"), str):
         args.env_id = env_id_for_checkpoint(saved["env_id"], args.env_id if "env_id" in explicit else None, resumed["_path"],
                                             f"{Run.command_for(algo)} --resume {shlex.quote(args.resume)} ...")

@@ -21,6 +21,11 @@ if "FLEETRL_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["FLEETRL_CACHE_DIR"] = tempfile.mkdtemp(prefix="fleetrl-test-cache-")
+# and the session's own record of the code it ran (fleetrl/algos/trusted.py): the suite never writes the user's ~/.fleetrl
+if "FLEETRL_HOME" not in os.environ:
+    import tempfile
+
+    os.environ["FLEETRL_HOME"] = tempfile.mkdtemp(prefix="fleetrl-test-home-")
 
 
 def fleetrl_env(threads: int | None = 1) -> dict[str, str]:

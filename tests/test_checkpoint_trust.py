@@ -6,6 +6,9 @@ current folder first on sys.path)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,3 +106,111 @@ def test_a_resume_writes_into_the_run_folder_of_the_checkpoint_given_never_the_f
     refused = run_fleetrl_in_process("train", "ppo", "--resume", str(loose), *MORE, cwd=tmp_path)
     assert_refused_naming_the_flag(refused, "--run-dir FOLDER")
     assert not download.elsewhere.exists() and not (tmp_path / "runs").exists() and not (tmp_path / "checkpoints").exists()
+
+
+# ------------------------------------------------------------------------------------------ the algorithm's code
+def crafted_algo_record(download: Download, kind: str) -> Path:
+    """The attack seen by hand: the checkpoint's algorithm record names a module ``./evil.py`` (shipped beside it, leaving
+    the marker when imported), and its path and sha256 name an empty file the user owns."""
+    (download.folder / "evil.py").write_text(SHIPPED_MODULE)
+    empty = download.folder / "empty_algo.py"
+    empty.write_bytes(b"")
+    state = checkpoint.load_checkpoint(download.run)
+    state["algo"] = "evil"
+    state["algo_file"] = {"kind": kind, "module": "./evil.py", "path": str(empty), "sha256": hashlib.sha256(b"").hexdigest()}
+    checkpoint.save_checkpoint(state, download.run, keep=1)
+    return empty
+
+
+def test_eval_never_imports_the_module_a_checkpoint_names_for_its_algorithm(tmp_path, tiny_cartpole_run):
+    download = shipped_run(tmp_path, tiny_cartpole_run.run_dir, "CartPole-v1")
+    empty = crafted_algo_record(download, "module")
+    refused = fleetrl_in(download.folder, "eval", "run", "--episodes", "1")
+    assert not download.marker.exists(), "evil.py ran because the checkpoint named it"
+    assert_refused_naming_the_flag(refused, f"--algo-file {empty}", "no sign that you ran that code yourself")
+    for kind in ("file", "something-else"):  # whatever kind it claims, the record's path is read, never its module name
+        crafted_algo_record(download, kind)
+        refused = run_fleetrl_in_process("eval", "run", "--episodes", "1", cwd=download.folder)
+        assert not download.marker.exists() and refused.returncode == 2 and "--algo-file" in refused.stderr, refused.stderr
+
+
+def test_code_the_user_ran_is_loaded_from_its_verified_bytes_never_by_the_recorded_module_name(tmp_path, tiny_cartpole_run, monkeypatch):
+    from fleetrl.algos import source, trusted
+    from fleetrl.errors import FleetError
+
+    download = shipped_run(tmp_path, tiny_cartpole_run.run_dir, "CartPole-v1")
+    empty = crafted_algo_record(download, "module")
+    monkeypatch.setenv("FLEETRL_HOME", str(tmp_path / "home"))
+    trusted.remember(hashlib.sha256(b"").hexdigest(), str(empty))  # even when the user did run those bytes
+    monkeypatch.chdir(download.folder)
+    monkeypatch.syspath_prepend(str(download.folder))  # `python -m fleetrl` puts the current folder first
+    with pytest.raises(FleetError, match="is not a fleetrl algorithm"):  # the empty file was loaded, by its path
+        source.for_checkpoint(checkpoint.load_checkpoint(download.run), "run", None)
+    assert not download.marker.exists()
+    monkeypatch.delitem(sys.modules, "empty_algo", raising=False)
+
+
+@pytest.mark.timeout(300)
+def test_a_run_folder_trained_under_another_home_needs_its_file_named_once(tmp_path, monkeypatch):
+    """The tarball case: a colleague trains their own file under their home; the run folder and the file reach this user,
+    who owns both once unpacked. Eval asks for --algo-file once, then remembers the file."""
+    from fleetrl.algos import source
+    from fleetrl.errors import FleetError
+    from fleetrl.tools.new import template
+
+    theirs, mine = tmp_path / "their-home", tmp_path / "my-home"
+    file = tmp_path / "shared_algo_t.py"
+    file.write_text(template("ppo", "shared_algo_t"))
+    run_dir = tmp_path / "run"
+    env = {**fleetrl_env(), "FLEETRL_HOME": str(theirs)}
+    trained = subprocess.run([sys.executable, str(file), "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "128",
+                              "--env-backend", "sync", "--no-progress", "--precision", "fp32", "--run-dir", str(run_dir)],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=240, env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    sha = hashlib.sha256(file.read_bytes()).hexdigest()
+    assert sha in (theirs / "code-you-ran.sha256").read_text()
+    assert os.stat(theirs / "code-you-ran.sha256").st_mode & 0o777 == 0o600 and os.stat(theirs).st_mode & 0o077 == 0
+    state = checkpoint.load_checkpoint(run_dir)
+
+    monkeypatch.setenv("FLEETRL_HOME", str(mine))
+    with pytest.raises(FleetError, match=f"--algo-file {file}") as refused:
+        source.for_checkpoint(state, str(run_dir), None)
+    assert "shared_algo_t" not in sys.modules and "you have no record of code you ran yet" in str(refused.value)
+    named = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--algo-file", str(file), "--json")
+    assert named.returncode == 0, named.stderr[-3000:]
+    again = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json")  # remembered: no flag needed now
+    assert again.returncode == 0 and json.loads(again.stdout)["episodes"] == 1, again.stderr[-3000:]
+    monkeypatch.delitem(sys.modules, "shared_algo_t", raising=False)
+
+
+def test_the_record_lives_in_the_users_home_and_is_believed_only_when_private(tmp_path, monkeypatch):
+    from fleetrl.algos import trusted
+
+    monkeypatch.delenv("FLEETRL_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert trusted.record_path() == tmp_path / ".fleetrl" / "code-you-ran.sha256"
+    trusted.remember("ab" * 32, "/somewhere/x.py")
+    trusted.remember("ab" * 32, "/somewhere/x.py")  # once on the record
+    assert trusted.record_path().read_text() == f"{'ab' * 32}  /somewhere/x.py\n"
+    assert trusted.knows("ab" * 32) == (True, "") and not trusted.knows("cd" * 32)[0]
+    trusted.record_path().chmod(0o666)  # anyone could have added a line
+    ran, why = trusted.knows("ab" * 32)
+    assert not ran and "open to other users" in why and "chmod 600" in why
+    trusted.record_path().chmod(0o600)
+    if os.geteuid() == 0:  # a record someone else owns is not this user's
+        os.chown(trusted.record_path(), 65534, 65534)
+        ran, why = trusted.knows("ab" * 32)
+        assert not ran and "belongs to another user" in why
+
+
+def test_a_resumed_checkpoint_never_turns_on_uploads_the_command_line_did_not_ask_for(tmp_path, tiny_cartpole_run):
+    download = shipped_run(tmp_path, tiny_cartpole_run.run_dir, "CartPole-v1")
+    state = checkpoint.load_checkpoint(download.run)
+    state["args"] = {**state["args"], "track": True, "wandb_project_name": "someone-elses", "wandb_entity": "their-team"}
+    checkpoint.save_checkpoint(state, download.run, keep=1)
+    resumed = run_fleetrl_in_process("train", "ppo", "--resume", "auto", "--run-dir", str(download.run), *MORE, cwd=download.folder)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "a resume uploads only when its command line asks" in resumed.stderr
+    args = checkpoint.load_checkpoint(download.run)["args"]
+    assert (args["track"], args["wandb_project_name"], args["wandb_entity"]) == (False, "fleetrl", None)
+    assert not list(download.run.rglob("wandb*")) and download.steps() == [1024, 1536]

@@ -2,8 +2,9 @@
 (`mypkg.my_algo`), and the record of it that checkpoints keep, so `fleetrl eval` rebuilds the policy with that code.
 
 Importing a file runs its code, so fleetrl imports a user's algorithm only when the user names it (`fleetrl train FILE`,
-`python FILE`, `fleetrl eval --algo-file FILE`), or when `fleetrl eval` finds the file at the place its checkpoint recorded,
-owned by the user, with the sha256 recorded. A checkpoint alone never makes fleetrl import anything (docs/engine.md).
+`python FILE`, `fleetrl eval --algo-file FILE`), or when `fleetrl eval` finds the file at the place its checkpoint recorded
+and its bytes hash to a sha256 on this user's record of the code they ran (fleetrl/algos/trusted.py). Those bytes are then
+imported from that path; nothing a checkpoint records is ever handed to an importer (docs/engine.md, "Whose code runs").
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from fleetrl import config
-from fleetrl.algos import ALGOS
+from fleetrl.algos import ALGOS, trusted
 from fleetrl.errors import FleetError, exit_on_error
 from fleetrl.run import Run
 
@@ -76,9 +77,10 @@ def load(spec: str, command: str | None = None) -> tuple[ModuleType, AlgoSource]
     return _checked(module, spec), _source_of(module, "module", command)
 
 
-def import_file(path: str) -> ModuleType:
+def import_file(path: str, verified: bytes | None = None) -> ModuleType:
     """Import a user's ``.py`` file as the module of its stem, its folder first on the import path (as ``python FILE``
-    does), so that its processes (env workers, the learner) import it by name too."""
+    does), so that its processes (env workers, the learner) import it by name too. ``verified``: the file's bytes, already
+    checked against a sha256; those very bytes run, not what the file holds a moment later."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise FleetError(f"There is no algorithm file {path} (looked in {Path.cwd()}). Check the path, or make one: "
@@ -103,7 +105,10 @@ def import_file(path: str) -> ModuleType:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
+            if verified is None:
+                spec.loader.exec_module(module)
+            else:
+                exec(compile(verified, str(file), "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - hashed bytes
         except BaseException:
             sys.modules.pop(name, None)
             raise
@@ -194,6 +199,8 @@ def _train(module: ModuleType, source: AlgoSource, argv: list[str], prog: str) -
     import tyro
 
     args = tyro.cli(module.Args, args=argv, prog=prog)
+    if source.kind != "builtin":  # the user named this code: `fleetrl eval` of its checkpoints may import it again
+        trusted.remember(source.sha256, source.path)
     Run.trains(source.record(), source.command)  # checkpoints record the code, for eval
     try:
         module.train(args, explicit=config.explicit_fields(argv, module.Args))
@@ -205,9 +212,10 @@ def _train(module: ModuleType, source: AlgoSource, argv: list[str], prog: str) -
 
 
 def for_checkpoint(state: dict[str, Any], checkpoint: str, algo_file: str | None) -> ModuleType:
-    """The module whose ``policy_from_checkpoint`` rebuilds this checkpoint's policy: the file the user names
-    (``--algo-file``); else the built-in the checkpoint names; else the user's file at the recorded place, if it is theirs and
-    unchanged. Never a built-in for a checkpoint of a user's file."""
+    """The module whose ``policy_from_checkpoint`` rebuilds this checkpoint's policy: the file or module the user names
+    (``--algo-file``); else the built-in the checkpoint names; else the file at the recorded place, when its bytes hash to
+    the recorded sha256 and that sha256 is on this user's record of the code they ran. Never a built-in for a checkpoint of
+    a user's file, and never a name the checkpoint records handed to an importer."""
     record = state.get("algo_file") if isinstance(state.get("algo_file"), dict) else None
     algo = state.get("algo", "ppo")
     rerun = f"fleetrl eval {shlex.quote(checkpoint)} --algo-file FILE"
@@ -216,35 +224,40 @@ def for_checkpoint(state: dict[str, Any], checkpoint: str, algo_file: str | None
         if record is not None and record.get("sha256") != named.sha256:
             print(f"fleetrl eval: {algo_file} (sha256 {named.sha256[:16]}...) is not the code this checkpoint was trained with "
                   f"({record.get('path')}, sha256 {str(record.get('sha256'))[:16]}...); evaluating with it as you asked.", file=sys.stderr)
-        return _with_policy(module, algo_file)
+        module = _with_policy(module, algo_file)
+        if named.kind != "builtin":
+            trusted.remember(named.sha256, named.path)
+        return module
     if record is None or record.get("kind") == "builtin":
         if record is None and algo not in ALGOS:
             raise FleetError(f"{checkpoint} was trained by the algorithm {algo!r}, which is not built in, and it records no file. "
                              f"Name the algorithm's file: {rerun}")
-        name = record["module"].rsplit(".", 1)[-1] if record is not None else algo
+        name = str(record["module"]).rsplit(".", 1)[-1] if record is not None else algo
         if name not in ALGOS:
             raise FleetError(f"{checkpoint} names the built-in algorithm {name!r}, which this fleetrl does not have. Name its file: {rerun}")
-        return importlib.import_module(f"fleetrl.algos.{name}")
+        return importlib.import_module(f"fleetrl.algos.{name}")  # one of fleetrl's own, from the fixed list
     path, recorded = Path(str(record.get("path"))), str(record.get("sha256"))
     if not path.is_file():
         raise FleetError(f"{checkpoint} was trained with the algorithm file {path} (sha256 {recorded}), which is not there any more. "
                          f"fleetrl rebuilds the policy with that file's own code, never a built-in network. Name the file (or a copy "
                          f"of it): {rerun}")
-    now = sha256_of(path)
+    rerun_with = rerun.replace("FILE", shlex.quote(str(path)))
+    data = path.read_bytes()  # hashed, then these bytes are what runs
+    now = hashlib.sha256(data).hexdigest()
     if now != recorded:
         raise FleetError(f"The algorithm file {path} has changed since {checkpoint} was trained: its sha256 is {now}, the checkpoint "
                          f"recorded {recorded}. Restore the file as it was (e.g. from git), or name a file to evaluate with as it "
-                         f"is now: {rerun.replace('FILE', shlex.quote(str(path)))}")
+                         f"is now: {rerun_with}")
     if hasattr(os, "getuid") and path.stat().st_uid != os.getuid():
         raise FleetError(f"{checkpoint} was trained with {path}, which belongs to another user, and fleetrl runs no one else's code "
-                         f"on a checkpoint's word. If you trust it, name it: {rerun.replace('FILE', shlex.quote(str(path)))}")
-    if record.get("kind") == "module":
-        module, _ = load(str(record.get("module")), command="")
-        if Path(module.__file__).resolve() != path.resolve():
-            raise FleetError(f"{checkpoint} was trained with the module {record.get('module')} from {path}, but that name imports "
-                             f"{module.__file__} here. Name the file: {rerun.replace('FILE', shlex.quote(str(path)))}")
-        return _with_policy(module, str(path))
-    return _with_policy(_checked(import_file(str(path)), str(path)), str(path))
+                         f"on a checkpoint's word. If you trust it, name it: {rerun_with}")
+    ran, why = trusted.knows(now)
+    if not ran:
+        raise FleetError(f"{checkpoint} was trained with the algorithm file {path} (sha256 {now[:16]}...), and fleetrl finds no sign that "
+                         f"you ran that code yourself: {why}. A checkpoint alone never makes fleetrl import code, and a file being "
+                         f"yours (unpacked from a tarball, cloned) is not enough. Read the file; if you trust it, name it once and "
+                         f"fleetrl remembers it: {rerun_with}")
+    return _with_policy(_checked(import_file(str(path), verified=data), str(path)), str(path))
 
 
 def _with_policy(module: ModuleType, spec: str) -> ModuleType:
