@@ -9,7 +9,7 @@ import numbers
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from fleetrl.errors import FleetError
 
@@ -19,9 +19,8 @@ A = TypeVar("A")
 FAMILY_WORDS = {"classic": "classic-control (discrete-action)", "atari": "Atari", "mujoco": "continuous-action (MuJoCo-style)",
                 "procgen": "Procgen", "multiagent": "multi-agent (PettingZoo)", "multiagent-image": "multi-agent image (PettingZoo)"}
 FAMILY_ALGOS = {"classic": "`fleetrl train ppo`, `dqn` or `sac_discrete`", "atari": "`fleetrl train ppo`, `dqn` or `sac_discrete`",
-                "mujoco": "`fleetrl train sac`, `td3`, `ddpg` or `ppo`", "procgen": "`fleetrl train ppo`",
-                "multiagent": "`fleetrl train ppo` (one network for every agent, docs/multi-agent.md)",
-                "multiagent-image": "`fleetrl train ppo` (one network for every agent, docs/multi-agent.md)"}
+                "mujoco": "`fleetrl train sac`, `td3`, `ddpg` or `ppo`", "procgen": "`fleetrl train ppo`"}
+# (PettingZoo games: the algorithms whose file says AGENT_ROWS = True, below)
 
 
 def apply_family_defaults(args: A, table: dict[str, dict[str, Any]], family: str, algo: str = "") -> A:
@@ -29,11 +28,45 @@ def apply_family_defaults(args: A, table: dict[str, dict[str, Any]], family: str
     algorithm has no defaults for (DQN on MuJoCo) is refused."""
     if family not in table:
         name = algo.upper() or "This algorithm"
+        others = (agent_rows_commands(AGENT_ROWS_READER(algo, None)[1] if AGENT_ROWS_READER is not None else [])
+                  if family.startswith("multiagent") else FAMILY_ALGOS.get(family, "`fleetrl train ppo`"))
         raise FleetError(f"{name} does not train {FAMILY_WORDS.get(family, family)} environments such as {args.env_id!r}: it has "
                          f"defaults and networks for {', '.join(FAMILY_WORDS.get(f, f) for f in table)} environments only. "
-                         f"Train this env with {FAMILY_ALGOS.get(family, '`fleetrl train ppo`')}.")
+                         f"Train this env with {others}.")
     unset = {k: v for k, v in table[family].items() if getattr(args, k) is None}
     return dataclasses.replace(args, **unset)
+
+
+# ---- PettingZoo games: which algorithms train agent rows ------------------------------------------------------------
+# A game's agents are rows of the batch, and the row of an agent that has left the game is blank until the game ends
+# (fleetrl/envs/multiagent.py). An algorithm trains such rows only if the live mask reaches everything that learns from
+# them: its buffers, losses, normalisers and logged statistics. Each algorithm file says so in one line, AGENT_ROWS =
+# True or False. The engine knows no algorithm, so the algorithms' package (fleetrl/algos/__init__.py) reads those lines
+# for it: (whether the algorithm being trained says True, the built-ins that do). None: no algorithm package loaded.
+AGENT_ROWS_READER: Callable[[str, dict | None], tuple[bool, list[str]]] | None = None
+
+
+def check_agent_rows(env_id: str, family: str, algo: str, command: str, algorithm_file: dict[str, str] | None = None) -> None:
+    """The one refusal of a PettingZoo game (``family`` multiagent*) by an algorithm whose file does not say that it trains
+    agent rows. ``command`` trains the algorithm (``fleetrl train ALGO`` or the user's own), ``algorithm_file`` is the
+    user's file this process trains (:attr:`fleetrl.run.Run.algorithm_file`), if any."""
+    if not family.startswith("multiagent"):
+        return
+    declared, accepting = AGENT_ROWS_READER(algo, algorithm_file) if AGENT_ROWS_READER is not None else (False, [])
+    if declared:
+        return
+    raise FleetError(f"`{command}` does not train PettingZoo games such as {env_id!r}: each agent of a game is a row of the batch, "
+                     f"and the row of an agent that has left the game is blank until the game ends, so an algorithm must keep "
+                     f"those rows out of its buffers, losses and normalisers, and its file must say it does (AGENT_ROWS = True). "
+                     f"Train this game with {agent_rows_commands(accepting)}.")
+
+
+def agent_rows_commands(accepting: list[str]) -> str:
+    """How to train a PettingZoo game: the built-ins that train agent rows, or a copy of one."""
+    if not accepting:
+        return "an algorithm whose file says AGENT_ROWS = True (docs/multi-agent.md)"
+    return (" or ".join(f"`fleetrl train {name}`" for name in accepting) + f" (one network for every agent, docs/multi-agent.md), "
+            f"or your copy of {'it' if len(accepting) == 1 else 'one'}: `fleetrl new my_{accepting[0]} --from {accepting[0]}`")
 
 
 def explicit_fields(argv: Iterable[str], args_type: type) -> set[str]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import killed_on_exit, require_module, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
+from conftest import killed_on_exit, require_module, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
 from fleetrl import checkpoint
 from fleetrl.algos.ppo import Agent, gae, rollout
 from fleetrl.envs import make_vector_env
@@ -198,10 +198,63 @@ def test_bad_multiagent_input_is_one_clear_error(argv, words, tmp_path):
         assert word in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("algo", ["dqn", "ppo_lstm", "ppg", "ppo_rnd"])
-def test_other_algorithms_refuse_a_multiagent_game(tmp_path, algo):
-    result = run_fleetrl("train", algo, "--env-id", COORDINATE, "--run-dir", str(tmp_path / "r"))
-    assert result.returncode == 2 and "fleetrl train ppo" in result.stderr and "Traceback" not in result.stderr
+def builtins_without_agent_rows() -> list[str]:
+    import importlib
+
+    from fleetrl.algos import ALGOS
+
+    return [a for a in ALGOS if importlib.import_module(f"fleetrl.algos.{a}").AGENT_ROWS is not True]
+
+
+def test_only_ppo_declares_that_it_trains_agent_rows():
+    """Each built-in says in a line whether the live mask reaches its buffers, losses and normalisers; today PPO's does."""
+    from fleetrl.algos import ALGOS
+
+    assert sorted(set(ALGOS) - set(builtins_without_agent_rows())) == ["ppo"]
+
+
+@pytest.mark.parametrize("algo", builtins_without_agent_rows())
+def test_an_algorithm_that_does_not_train_agent_rows_refuses_a_game_in_one_paragraph(tmp_path, algo):
+    """In this process (fleetrl.cli.main), before anything starts; the paragraph names the algorithms that do."""
+    result = run_fleetrl_in_process("train", algo, "--env-id", COORDINATE, "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    message = result.stderr.strip()
+    assert f"`fleetrl train {algo}` does not train PettingZoo games" in message and "\n" not in message, message
+    assert "Train this game with `fleetrl train ppo`" in message and "fleetrl new my_ppo --from ppo" in message, message
+    assert not (tmp_path / "r").exists(), "refused before the run folder is made"
+
+
+def test_the_refusal_names_every_algorithm_that_declares_agent_rows(monkeypatch):
+    """The list is read from the algorithms' own lines, not written into the message."""
+    from fleetrl import config
+    from fleetrl.algos import dqn, ppg
+
+    monkeypatch.setattr(dqn, "AGENT_ROWS", True)
+    with pytest.raises(FleetError, match="Train this game with `fleetrl train ppo` or `fleetrl train dqn`"):
+        ppg.train(ppg.Args(env_id=COORDINATE))
+    monkeypatch.setattr(ppg, "AGENT_ROWS", True)
+    config.check_agent_rows(COORDINATE, "multiagent", "ppg", "fleetrl train ppg")  # declared: not refused
+
+
+def test_a_users_file_trains_a_game_only_if_it_says_so(tmp_path):
+    """A copy of PPO says AGENT_ROWS = True (it is PPO's file); a copy of DQN says False; a file that says nothing is
+    refused: silence must not let blank rows into a loss."""
+    from fleetrl.tools.new import template
+
+    for name, algo, edit in [("rows_dqn", "dqn", None), ("rows_silent", "ppo", "AGENT_ROWS = True")]:
+        text = template(algo, name)
+        if edit:
+            assert text.count(f"\n{edit}") == 1
+            text = text.replace(f"\n{edit}", "\n# (no declaration)")
+        (tmp_path / f"{name}.py").write_text(text)
+        result = run_fleetrl_in_process("train", f"./{name}.py", "--env-id", COORDINATE, "--run-dir", str(tmp_path / name), cwd=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"`fleetrl train ./{name}.py` does not train PettingZoo games" in result.stderr, result.stderr
+        assert "`fleetrl train ppo`" in result.stderr
+    (tmp_path / "rows_ppo.py").write_text(template("ppo", "rows_ppo"))
+    result = run_fleetrl_in_process("train", "./rows_ppo.py", "--env-id", COORDINATE, "--num-envs", "3", "--run-dir",
+                                    str(tmp_path / "ppo"), cwd=tmp_path)
+    assert result.returncode == 2 and "multiple of 2" in result.stderr, result.stderr  # past the check: to the games' count
 
 
 def test_observations_of_different_lengths_are_padded():

@@ -64,6 +64,7 @@ FAMILY_DEFAULTS = {  # CleanRL's c51.py (dqn.py's defaults and 101 atoms) and c5
     "atari": {**dqn.FAMILY_DEFAULTS["atari"], "learning_rate": 2.5e-4, "target_network_frequency": 10_000,
               "n_atoms": 51, "v_min": -10.0, "v_max": 10.0},
 }
+AGENT_ROWS = False  # PettingZoo games refused: the replay buffer would store the blank rows of agents that left
 
 RANGES = {  # what each flag accepts (after the family defaults are filled), checked before anything starts
     **dqn.RANGES,

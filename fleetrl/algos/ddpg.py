@@ -47,6 +47,7 @@ class Args(td3.DeterministicArgs):
 FAMILY_DEFAULTS = {  # CleanRL's ddpg_continuous_action.py; continuous control only
     "mujoco": dict(total_timesteps=1_000_000, num_envs=1, buffer_size=1_000_000, tau=0.005, batch_size=256, learning_starts=25_000),
 }
+AGENT_ROWS = False  # PettingZoo games refused: the replay buffer would store the blank rows of agents that left
 
 RANGES = td3.DETERMINISTIC_RANGES
 

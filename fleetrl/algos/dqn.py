@@ -84,6 +84,7 @@ FAMILY_DEFAULTS = {  # CleanRL's dqn.py and dqn_atari.py; DQN has no network for
     "atari": dict(total_timesteps=10_000_000, learning_rate=1e-4, num_envs=1, buffer_size=1_000_000, tau=1.0, target_network_frequency=1000,
                   batch_size=32, end_e=0.01, exploration_fraction=0.1, learning_starts=80_000, train_frequency=4),
 }
+AGENT_ROWS = False  # PettingZoo games refused: the replay buffer would store the blank rows of agents that left
 
 RANGES = {  # what each flag accepts (after the family defaults are filled), checked before anything starts
     **OFFPOLICY_RANGES,

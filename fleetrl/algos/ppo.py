@@ -104,6 +104,7 @@ FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py, ppo_continuous_action.py 
 for _defaults in FAMILY_DEFAULTS.values():
     _defaults.setdefault("gamma", 0.99)
     _defaults.setdefault("normalize", False)
+AGENT_ROWS = True  # PettingZoo games: the rows of agents that left are kept out of the batch, --normalize and explained variance
 
 
 # what each numeric flag accepts (after the family defaults are filled), checked before anything starts

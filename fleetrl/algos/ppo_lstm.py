@@ -50,7 +50,7 @@ class Args(ppo.Args):
 
 
 FAMILY_DEFAULTS = {
-    # not PettingZoo games: an agent that leaves early would cut its row's sequence (docs/multi-agent.md)
+    # (not PettingZoo games' families: AGENT_ROWS below)
     **{family: {**defaults, "gae_lambda": 0.95} for family, defaults in ppo.FAMILY_DEFAULTS.items() if not family.startswith("multiagent")},
     # CleanRL's ppo_atari_lstm.py: ppo_atari.py's, with one frame a step
     "atari": {**ppo.FAMILY_DEFAULTS["atari"], "frame_stack": 1, "gae_lambda": 0.95},
@@ -59,6 +59,7 @@ FAMILY_DEFAULTS = {
     "classic": dict(total_timesteps=500_000, learning_rate=1e-3, num_envs=8, num_steps=32, num_minibatches=1, update_epochs=20,
                     clip_coef=0.2, ent_coef=0.0, gamma=0.98, gae_lambda=0.8, normalize=True),
 }
+AGENT_ROWS = False  # PettingZoo games refused: an agent that leaves a game early would cut its row's sequence
 RANGES = ppo.RANGES
 
 

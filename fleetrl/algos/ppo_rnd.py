@@ -67,6 +67,7 @@ FAMILY_DEFAULTS = {  # CleanRL's ppo_rnd_envpool.py; classic control: ppo.py's s
     "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, gamma=0.99, num_minibatches=4,
                     clip_coef=0.2, ent_coef=0.01, normalize=False),
 }
+AGENT_ROWS = False  # PettingZoo games refused: the predictor, its statistics and the intrinsic returns would learn blank rows
 
 RANGES = {
     **ppo.RANGES,

@@ -82,6 +82,7 @@ FAMILY_DEFAULTS = {  # CleanRL's pqn.py and pqn_atari_envpool.py; PQN has no net
     "classic": dict(total_timesteps=500_000, num_envs=4, end_e=0.05, exploration_fraction=0.5),
     "atari": dict(total_timesteps=10_000_000, num_envs=8, end_e=0.01, exploration_fraction=0.1, frame_stack=4),
 }
+AGENT_ROWS = False  # PettingZoo games refused: its Q(lambda) returns and loss have no live mask
 
 RANGES = {  # what each numeric flag accepts once the family defaults are in, checked before anything starts
     **ONPOLICY_RANGES,

@@ -73,6 +73,7 @@ FAMILY_DEFAULTS = {  # CleanRL's rainbow_atari.py; classic control: C51's classi
     "classic": {**c51.FAMILY_DEFAULTS["classic"], "end_e": 0.0},
     "atari": {**c51.FAMILY_DEFAULTS["atari"], "learning_rate": 6.25e-5, "target_network_frequency": 8000, "end_e": 0.0},
 }
+AGENT_ROWS = False  # PettingZoo games refused: the replay buffer would store the blank rows of agents that left
 
 RANGES = {  # what each flag accepts (after the family defaults are filled), checked before anything starts
     **c51.RANGES,

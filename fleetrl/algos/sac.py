@@ -58,6 +58,7 @@ class Args(OffPolicyArgs):
 FAMILY_DEFAULTS = {  # CleanRL's sac_continuous_action.py; continuous control only
     "mujoco": dict(total_timesteps=1_000_000, num_envs=1, buffer_size=1_000_000, tau=0.005, batch_size=256, learning_starts=5_000),
 }
+AGENT_ROWS = False  # PettingZoo games refused: the replay buffer would store the blank rows of agents that left
 
 RANGES = {
     **OFFPOLICY_RANGES,

@@ -68,6 +68,7 @@ FAMILY_DEFAULTS = {  # CleanRL's sac_atari.py; classic control: its loss on an M
     "classic": dict(total_timesteps=100_000, num_envs=1, buffer_size=100_000, tau=1.0, batch_size=64, learning_starts=5_000,
                     update_frequency=4, target_network_frequency=500),
 }
+AGENT_ROWS = False  # PettingZoo games refused: the replay buffer would store the blank rows of agents that left
 
 RANGES = {
     **OFFPOLICY_RANGES,

@@ -63,6 +63,7 @@ class Args(DeterministicArgs):
 FAMILY_DEFAULTS = {  # CleanRL's td3_continuous_action.py; continuous control only
     "mujoco": dict(total_timesteps=1_000_000, num_envs=1, buffer_size=1_000_000, tau=0.005, batch_size=256, learning_starts=25_000),
 }
+AGENT_ROWS = False  # PettingZoo games refused: the replay buffer would store the blank rows of agents that left
 
 DETERMINISTIC_RANGES = {  # DDPG's too
     **OFFPOLICY_RANGES,
