@@ -81,6 +81,7 @@ FAMILY_DEFAULTS = {  # CleanRL's ppg_procgen.py (rewards normalised); classic co
     "classic": dict(total_timesteps=500_000, learning_rate=2.5e-4, num_envs=4, num_steps=128, num_minibatches=4, clip_coef=0.2,
                     ent_coef=0.01, gamma=0.99, normalize=True),
 }
+AGENT_ROWS = False  # PettingZoo games refused: the auxiliary phase's stored rollouts and losses have no live mask
 
 RANGES = {
     **{name: check for name, check in ppo.RANGES.items() if name != "update_epochs"},
