@@ -6,6 +6,8 @@ piece in-process; the slow ones run the real CLI.
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ import torch
 
 import fleetrl_test_envs  # noqa: F401 - registers the odd envs
 from conftest import run_fleetrl
+from fleetrl import checkpoint
+from fleetrl.algos import ppo
 from fleetrl.algos.ppo import Agent, rollout
 from fleetrl.envs import registry
 from fleetrl.envs.registry import EnvFactory
@@ -182,10 +186,33 @@ def test_odd_observations_train(env_id, backend, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_uint8_vector_policy_evaluates(tmp_path):
+def test_a_uint8_vector_policy_evaluates_on_the_byte_values_as_the_network_trained_on_them(tmp_path, monkeypatch):
     assert train("Uint8Obs-v0", "sync", tmp_path / "run").returncode == 0
-    proc = run_fleetrl("eval", str(tmp_path / "run"), "--env-id", ODD + "Uint8Obs-v0", "--episodes", "1", "--env-backend", "sync", timeout=120)
+    proc = run_fleetrl("eval", str(tmp_path / "run"), "--env-id", ODD + "Uint8Obs-v0", "--episodes", "2", "--env-backend", "sync",
+                       "--json", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (result["env_id"], result["global_step"], result["episodes"]) == (ODD + "Uint8Obs-v0", 64, 2), result
+    assert result["returns"] == [20.0, 20.0] and result["mean_length"] == 20.0, "two whole 20-step episodes were played"
+    # the policy eval builds (from the checkpoint, as eval does) feeds the network the bytes as float32, unscaled, as the
+    # trainer's actor did (an image's bytes would be divided by 255 in the network): what the network is given, exactly
+    seen = []
+    act = Agent.act
+    monkeypatch.setattr(Agent, "act", lambda self, x, deterministic: (seen.append(x.clone()), act(self, x, deterministic))[1])
+    state = checkpoint.load_checkpoint(tmp_path / "run")
+    envs = SyncVectorEnv([EnvFactory(ODD + "Uint8Obs-v0", "classic")])
+    try:
+        policy = ppo.policy_from_checkpoint(state, envs)
+    finally:
+        envs.close()
+    obs = np.random.default_rng(0).integers(0, 256, (64, 8)).astype(np.uint8)
+    actions = policy(obs)
+    (given,) = seen
+    assert given.dtype == torch.float32 and torch.equal(given, torch.as_tensor(obs, dtype=torch.float32))
+    agent = Agent((8,), gym.spaces.Discrete(2))
+    agent.load_state_dict(state["model"])
+    with torch.no_grad():
+        np.testing.assert_array_equal(actions, agent(given)[0].argmax(-1).numpy())  # the trained weights, deterministic
 
 
 @pytest.mark.slow
