@@ -87,9 +87,8 @@ def test_radam_steps_bit_for_bit_as_torchs_over_its_flat_buffer_and_their_state_
     _pqn_updates(ours, ours_opt, 60, seed=1)  # past step 5, where RAdam's rectified branch starts
     _pqn_updates(theirs, theirs_opt, 60, seed=1)
     assert _same(ours, theirs)
-    # the parameters and gradients are views of one buffer each, and a module copy of the weights still works
+    # the gradients are views of one flat buffer, which the step reads
     assert ours[0].weight.grad.data_ptr() == ours_opt._flat_grad.data_ptr()
-    assert ours[0].weight.data_ptr() == ours_opt._flat_param.data_ptr()
 
     # a checkpoint's optimizer state moves either way (through torch.save) and training goes on identically
     def saved(obj):
@@ -111,6 +110,72 @@ def test_radam_steps_bit_for_bit_as_torchs_over_its_flat_buffer_and_their_state_
     assert _same(resumed_ours, resumed_theirs) and _same(resumed_ours, theirs) and _same(ours, theirs)
 
 
+def _cnn() -> torch.nn.Module:
+    torch.manual_seed(0)  # a Nature-CNN-shaped network in small: 4-D convolution weights, a LayerNorm, a linear head
+    return torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3), torch.nn.Flatten(),
+                               torch.nn.LayerNorm(8 * 5 * 5), torch.nn.Linear(8 * 5 * 5, 3))
+
+
+def _cnn_updates(net, optimizer, steps: int, seed: int = 1) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        net(torch.randn(16, 4, 15, 15, generator=generator).to(memory_format=torch.channels_last)).pow(2).mean().backward()
+        optimizer.step()
+
+
+def test_radam_keeps_channels_last_weights_channels_last_and_steps_them_as_torchs():
+    # fleetrl/accel.py chooses channels-last for a CNN before PQN builds its optimizer: the weights must stay in that
+    # layout (the one the start-up line and the checkpoint report), their gradients too, and the arithmetic torch's
+    ours, theirs = (_cnn().to(memory_format=torch.channels_last) for _ in range(2))
+    strides = [p.stride() for p in ours.parameters()]
+    ours_opt = optim.RAdam(ours.parameters(), lr=1e-3)
+    theirs_opt = torch.optim.RAdam(theirs.parameters(), lr=1e-3)
+    assert ours[0].weight.is_contiguous(memory_format=torch.channels_last) and not ours[0].weight.is_contiguous()
+    _cnn_updates(ours, ours_opt, 8)  # past step 5, where RAdam's rectified branch starts
+    _cnn_updates(theirs, theirs_opt, 8)
+    assert [p.stride() for p in ours.parameters()] == strides == [p.grad.stride() for p in ours.parameters()]
+    assert _same(ours, theirs)
+
+
+def test_radam_updates_the_parameters_in_place_so_what_captured_them_before_it_acts_with_every_update():
+    # the acting engine captures detached views of the parameters when the sampler is built (fleetrl/sampling/acting.py
+    # host_q_values), a module copy shares them, a compiled function closes over them: whichever was built before the
+    # optimizer must see each step
+    net = _pqn_net()
+    captured = [p.detach() for p in net.parameters()]
+    initial = [t.clone() for t in captured]
+    opt = optim.RAdam(net.parameters(), lr=2.5e-4)
+    _pqn_updates(net, opt, 3, seed=1)
+    for seen, param, before in zip(captured, net.parameters(), initial):
+        assert not torch.equal(param, before), "the step moved every parameter"
+        assert torch.equal(seen, param) and seen.data_ptr() == param.data_ptr()
+
+
+def test_radam_steps_as_torchs_whatever_replaced_the_gradients_or_the_layout_after_it_was_built():
+    # a module's own zero_grad() sets .grad to None and the next backward makes fresh tensors; a memory-format change
+    # after the optimizer (Accel.apply called later) rebinds parameters and gradients: the step still reads the
+    # gradients the parameters hold, and the parameters keep the layout they were given
+    ours, theirs = _cnn(), _cnn()
+    ours_opt = optim.RAdam(ours.parameters(), lr=1e-3)
+    theirs_opt = torch.optim.RAdam(theirs.parameters(), lr=1e-3)
+    _cnn_updates(ours, ours_opt, 2)
+    _cnn_updates(theirs, theirs_opt, 2)
+    for net in (ours, theirs):
+        net.to(memory_format=torch.channels_last)
+    generator = torch.Generator().manual_seed(3)
+    for i in range(6):
+        x = torch.randn(16, 4, 15, 15, generator=generator)
+        for net, opt in ((ours, ours_opt), (theirs, theirs_opt)):
+            # first the optimizer's zero_grad after the rebinding, then a module's (set_to_none), in turns
+            (net.zero_grad if i % 2 else opt.zero_grad)()
+            net(x).pow(2).mean().backward()
+            opt.step()
+    assert ours[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert all(p.grad.stride() == p.stride() and p.grad.data_ptr() >= ours_opt._flat_grad.data_ptr() for p in ours.parameters())
+    assert _same(ours, theirs)
+
+
 def test_radam_refuses_what_its_flat_step_does_not_do():
     with pytest.raises(ValueError, match="one parameter group"):
         optim.RAdam([{"params": [torch.nn.Parameter(torch.zeros(2))]}, {"params": [torch.nn.Parameter(torch.zeros(2))]}])
@@ -124,7 +189,8 @@ def test_radam_refuses_what_its_flat_step_does_not_do():
     # a CNN at fp32 has a memory format to measure on every CPU (an MLP's only choice, bf16, exists only where the CPU
     # runs bf16 natively), so PPO's precision probe trains here on any host
     pytest.param("ppo", ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
-                         "--update-epochs", "1", "--total-timesteps", "32", "--precision", "fp32"], id="ppo-cnn-precision-probe"),
+                         "--update-epochs", "1", "--total-timesteps", "32", "--precision", "fp32"], id="ppo-cnn-precision-probe",
+                 marks=pytest.mark.cpu_choice),
     pytest.param("ppo", ["--env-id", "CartPole-v1", "--total-timesteps", "512"], id="ppo-mlp"),
     pytest.param("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "500"], id="dqn"),
     pytest.param("pqn", ["--env-id", "CartPole-v1", "--total-timesteps", "512"], id="pqn-radam"),
