@@ -170,6 +170,8 @@ def choose_accel(model: nn.Module, precision: str, compile: bool, device: torch.
         measured = ", ".join(f"{c.label.replace(', compiled', '')} {t * 1e3:.0f} ms" for c, t in times.items())
         prefix = f"{why_native}; " if precision == "auto" else f"--precision {precision}; "
         reason = f"{prefix}{how} a training step of {example_obs.shape[0]} samples: {measured}"
+        if memory_format != "auto" and is_cnn:  # only the precision was measured
+            reason += f"; --memory-format {memory_format}"
     if dist is not None and dist.enabled:  # every replica must run the same arithmetic: rank 0's choice wins
         choice, reason = dist.broadcast_object((choice, reason))
     choice = Accel(choice.dtype, choice.channels_last, compile, reason)

@@ -72,6 +72,7 @@ def test_channels_last_keeps_outputs_and_checkpoints_compatible():
         torch.testing.assert_close(plain(x)[0], before[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.cpu_choice
 def test_auto_precision_explains_its_choice_and_measures_only_real_options():
     torch.manual_seed(0)
     mlp = Agent((4,), gym.spaces.Discrete(2))
@@ -88,6 +89,7 @@ def test_auto_precision_explains_its_choice_and_measures_only_real_options():
     assert cnn.compute_dtype == torch.float32
 
 
+@pytest.mark.cpu_choice
 @pytest.mark.parametrize("flags, times_ms, want", [
     ((), None, torch.float32),  # no native bf16: fp32 without measuring
     (("avx512_bf16",), {"fp32": 10.0, "bf16": 5.0}, torch.bfloat16),  # native and clearly faster: bf16
@@ -115,6 +117,7 @@ def test_auto_precision_for_an_mlp_follows_native_bf16_and_the_measurement(tmp_p
         assert measured == [["bf16", "fp32"]] and f"this CPU has {flags[0]}" in choice.reason and "measured" in choice.reason
 
 
+@pytest.mark.cpu_choice
 def test_the_measured_choice_is_cached_so_a_busy_machine_repeats_it(tmp_path, monkeypatch):
     import fleetrl.accel as accel
 
@@ -130,6 +133,7 @@ def test_the_measured_choice_is_cached_so_a_busy_machine_repeats_it(tmp_path, mo
         choose_accel(Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4)), "fp32", False, torch.device("cpu"), IMAGE_SPACE, 16)
 
 
+@pytest.mark.cpu_choice
 def test_a_resumed_run_keeps_the_settings_it_was_trained_with(monkeypatch):
     import fleetrl.accel as accel
 
@@ -139,27 +143,42 @@ def test_a_resumed_run_keeps_the_settings_it_was_trained_with(monkeypatch):
     assert choice.state() == {"dtype": "fp32", "channels_last": True} and "resumed" in choice.reason
 
 
+@pytest.mark.cpu_choice
+@pytest.mark.parametrize("cpu_flags", [(), ("avx512_bf16",)], ids=["without-native-bf16", "with-native-bf16"])
 @pytest.mark.parametrize("memory_format, channels_last", [("contiguous", False), ("channels-last", True)])
-def test_memory_format_pins_the_layout_whatever_the_measurement_would_say(tmp_path, monkeypatch, memory_format, channels_last):
+def test_memory_format_pins_the_layout_whatever_the_measurement_would_say(tmp_path, monkeypatch, memory_format, channels_last, cpu_flags):
     """A lockstep against a PyTorch script needs contiguous on every host: a host where channels-last measures faster
-    would otherwise round the convolutions another way (CI's host did, and a lockstep parted by 1e-3)."""
+    would otherwise round the convolutions another way (CI's host did, and a lockstep parted by 1e-3). On a CPU with
+    native bf16, ``--precision auto`` still measures fp32 against bf16, in the pinned layout only; the times given here
+    favour the other layout, so a probe that measured it would pick it."""
     import fleetrl.accel as accel
 
     monkeypatch.setenv("FLEETRL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(accel, "_time_training_steps", lambda *a, **k: pytest.fail("a pinned layout measures nothing"))
+    monkeypatch.setattr(accel, "_cpu_flags", lambda: {"sse2", "avx2", *cpu_flags})
+    measured: list[list[str]] = []
+
+    def time_steps(model, settings, example_obs, device):
+        measured.append(sorted(s.label for s in settings))
+        return {s: (1.0 if s.channels_last == channels_last else 0.1) for s in settings}
+
+    monkeypatch.setattr(accel, "_time_training_steps", time_steps)
     cnn = Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4))
     choice = choose_accel(cnn, "fp32", False, torch.device("cpu"), IMAGE_SPACE, 32, memory_format=memory_format)
     assert choice.channels_last == channels_last and f"--memory-format {memory_format}" in choice.reason
+    assert measured == []  # fp32 in a pinned layout: nothing left to measure
     conv = next(p for p in cnn.parameters() if p.dim() == 4)
     assert conv.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     # a resumed checkpoint trained the other way gives way to the pinned layout; one trained this way is kept
     other = {"dtype": "fp32", "channels_last": not channels_last}
-    assert choose_accel(Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4)), "auto", False, torch.device("cpu"), IMAGE_SPACE, 32,
-                        saved=other, memory_format=memory_format).channels_last == channels_last
+    pinned = choose_accel(Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4)), "auto", False, torch.device("cpu"), IMAGE_SPACE, 32,
+                          saved=other, memory_format=memory_format)
+    assert pinned.channels_last == channels_last and f"--memory-format {memory_format}" in pinned.reason
+    layout = ", channels-last" if channels_last else ""
+    assert measured == ([sorted([f"fp32{layout}", f"bf16{layout}"])] if cpu_flags else []), measured  # precision only
     same = {"dtype": "fp32", "channels_last": channels_last}
     kept = choose_accel(Agent(IMAGE_SPACE.shape, gym.spaces.Discrete(4)), "auto", False, torch.device("cpu"), IMAGE_SPACE, 32,
                         saved=same, memory_format=memory_format)
-    assert kept.channels_last == channels_last and "resumed" in kept.reason
+    assert kept.channels_last == channels_last and "resumed" in kept.reason and len(measured) == (1 if cpu_flags else 0)
 
 
 def test_bad_memory_format_gets_a_clear_error_and_nonzero_exit(tmp_path):

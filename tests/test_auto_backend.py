@@ -164,6 +164,7 @@ def _hogs(count: int) -> list:
 @pytest.mark.serial  # real time and real load: run alone (Makefile)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.cpu_choice
 def test_one_command_and_seed_train_alike_on_a_quiet_and_on_a_loaded_machine(tmp_path):
     """The backend (Atari), the thread plan and the precision are chosen the same whatever the load, so the run is the
     same: its losses and returns match exactly."""

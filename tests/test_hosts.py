@@ -5,6 +5,7 @@ cgroup, as `docker --cpuset-cpus=1` or a Slurm step makes). Both need root; CI (
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import re
@@ -21,9 +22,14 @@ from conftest import TESTS_DIR, fleetrl_env, skip_unless_ci
 from fleetrl.accel import NATIVE_BF16_CPU_FLAGS
 CGROUP_V1_CPUSET = Path("/sys/fs/cgroup/cpuset")
 CGROUP_V2 = Path("/sys/fs/cgroup")
-# the tests that read the precision line or the CPU's bf16 flags (each must hold on both kinds of CPU); test_accel's
-# compile tests (60 s) and the other no-dynamo runs read neither
-PRECISION_TESTS = ["tests/test_accel.py", "tests/test_optim.py", "-k", "precision or bf16"]
+# the tests that reach the precision or memory-format choice (each must hold on both kinds of CPU): marked cpu_choice, and
+# test_every_test_that_reads_the_cpu_choice_is_marked keeps the mark on every one of them. The serial ones need the machine
+# to themselves (test_auto_backend's quiet-and-loaded pair, which compares two runs' lines with each other) and stay out.
+# Only the files that hold the mark are collected (collecting the whole suite takes 20 s)
+PRECISION_TESTS = [*(f"tests/{p.name}" for p in sorted(TESTS_DIR.glob("test_*.py")) if p.name != Path(__file__).name
+                     and "mark.cpu_choice" in p.read_text()), "-m", "cpu_choice and not serial"]
+# what a test uses when it reads the choice: the chooser, the bf16 probe, the timing it stubs, or the line a run prints
+CPU_CHOICE_NAMES = {"choose_accel", "native_bf16", "_time_training_steps", "_cpu_flags", "measured_once"}
 # the tests that pin a process to one core
 PINNING_TESTS = ["tests/test_cores.py"]
 
@@ -115,3 +121,35 @@ def test_the_pinning_tests_pass_in_a_cpuset_without_cpu_0(tmp_path):
         proc = pytest_in(prefix, PINNING_TESTS, tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+def _reads_the_cpu_choice(node: ast.AST) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and sub.id in CPU_CHOICE_NAMES or isinstance(sub, ast.Attribute) and sub.attr in CPU_CHOICE_NAMES:
+            return True
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and (sub.value in CPU_CHOICE_NAMES or "precision:" in sub.value):
+            return True
+    return False
+
+
+def _marked_cpu_choice(node: ast.AST) -> bool:
+    return any(isinstance(sub, ast.Attribute) and sub.attr == "cpu_choice" for sub in ast.walk(node))
+
+
+def test_every_test_that_reads_the_cpu_choice_is_marked():
+    """A test that reads the precision or layout choice but is not marked would pass on this host and fail on the other
+    kind (as test_memory_format_pins_the_layout_... did on a bf16 host, outside the old `-k precision or bf16`)."""
+    unmarked, marked = [], 0
+    for path in sorted(TESTS_DIR.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marked = any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+                            and _marked_cpu_choice(n) for n in tree.body)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and _reads_the_cpu_choice(node):
+                # the mark on the test, or on at least one of its parameter sets (pytest.param(..., marks=...))
+                if module_marked or any(_marked_cpu_choice(d) for d in node.decorator_list):
+                    marked += 1
+                else:
+                    unmarked.append(f"{path.name}::{node.name}")
+    assert not unmarked, f"mark these @pytest.mark.cpu_choice (tests/test_hosts.py reruns them on both kinds of CPU): {unmarked}"
+    assert marked >= 7, marked  # the scan finds the tests it is meant to find
