@@ -75,7 +75,8 @@ def main() -> None:
     torch.set_num_threads(1)
     writer = SummaryWriter(args.run_dir)
     num_agents = env_family(args.env_id).agents
-    envs = make_vec(args.env_id, args.num_envs, backend="sync")
+    # SAME_STEP: the loop below is CleanRL's, which reads each finished row's statistics from final_info
+    envs = make_vec(args.env_id, args.num_envs, backend="sync", autoreset_mode="SameStep")
     obs_dim, n_actions = int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n)
     rows = [np.arange(k, args.num_envs, num_agents) for k in range(num_agents)]  # agent k's rows
     agents = [Agent(obs_dim, n_actions) for _ in range(num_agents)]

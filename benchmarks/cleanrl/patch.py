@@ -49,13 +49,14 @@ ATARI_REGISTER = ("from cleanrl_utils.atari_wrappers import (  # isort:skip",
 
 # The one line (and its import): the same env functions for ppo.py and ppo_continuous_action.py; for ppo_atari.py the
 # env id, so fleetrl builds its own Atari chain (the same preprocessing as CleanRL's wrappers) on its C++ ale backend.
+# Each keeps the port's SAME_STEP (make_vec's default is gymnasium's, NEXT_STEP): CleanRL's loop reads final_info.
 MAKE_VEC_IMPORT = ("import gymnasium as gym\n", "import gymnasium as gym\nfrom fleetrl.envs import make_vec\n")
 MAKE_VEC_LINE = {
     "ppo": ("    envs = gym.vector.SyncVectorEnv(\n", "    envs = make_vec(\n"),
     "ppo_continuous_action": ("    envs = gym.vector.SyncVectorEnv(\n", "    envs = make_vec(\n"),
     "ppo_atari": ("    envs = gym.vector.SyncVectorEnv(\n        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],\n"
                   "        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
-                  "    envs = make_vec(args.env_id, args.num_envs)"),
+                  "    envs = make_vec(args.env_id, args.num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)"),
 }
 
 
