@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from fleetrl.cores import available_cores
 from fleetrl.envs import atari
@@ -44,6 +44,7 @@ def make_vector_env(
     env_workers: int | None = None,
     env_threads: int | None = None,
     frame_stack: int | None = None,
+    wrap_env_fn: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
 ):
     """Build ``num_envs`` copies of ``env_id`` behind the vector interface of :mod:`fleetrl.envs.vector`.
 
@@ -59,6 +60,8 @@ def make_vector_env(
     ``env_workers``, ``env_threads`` (the flags): the async backend's worker processes and stepping threads per
     worker; left None, they are planned from a measured step (:mod:`fleetrl.envs.stepping`), and the plan is
     attached to the envs as ``stepping`` (None on other backends).
+    ``wrap_env_fn``: applied to each env's function before a backend that steps Python envs (sync, async, gym-*) builds
+    it (make_vec's NEXT_STEP adapter, fleetrl/envs/gym_vector.py); the C++ backends build no Python env and ignore it.
     """
     family = family or env_family(env_id)
     if backend not in BACKENDS:
@@ -96,7 +99,8 @@ def make_vector_env(
         if thread_plan:
             print(thread_plan, flush=True)
     envs = _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
-                  max_restarts, env_timeout, stepping.threads if stepping is not None else 1, frame_stack or atari.FRAME_STACK)
+                  max_restarts, env_timeout, stepping.threads if stepping is not None else 1, frame_stack or atari.FRAME_STACK,
+                  wrap_env_fn)
     envs.backend, envs.backend_reason, envs.thread_plan, envs.stepping = backend, reason, thread_plan, stepping  # logged
     if rows is not None:
         envs = AgentRows(envs, family.agent_names, clip_rewards=is_atari_game(env_id))
@@ -119,7 +123,7 @@ def games_of_rows(env_id: str, family: EnvFamily, num_envs: int, async_batch: in
 
 
 def _build(env_id, num_envs, backend, training, sticky_actions, family, async_batch, workers, video_dir, every_episode,
-           max_restarts=10, env_timeout=60.0, stepping_threads=1, frame_stack=4):
+           max_restarts=10, env_timeout=60.0, stepping_threads=1, frame_stack=4, wrap_env_fn=None):
     # ``workers``: worker processes (async) or C++ threads (ale, envpool): explicit, so that several
     # training processes on one machine do not each start a thread per core
     if family.name == "procgen" and backend != "envpool":
@@ -138,6 +142,8 @@ def _build(env_id, num_envs, backend, training, sticky_actions, family, async_ba
                                 async_batch=async_batch, frame_stack=frame_stack)
     factories = [EnvFactory(env_id, family.name, training, sticky_actions, video_dir if i == 0 else None, every_episode, frame_stack)
                  for i in range(num_envs)]
+    if wrap_env_fn is not None:
+        factories = [wrap_env_fn(f) for f in factories]
     if backend == "async":
         from fleetrl.envs.shm import SharedMemoryVectorEnv
 
