@@ -70,10 +70,10 @@ def test_a_probe_gets_the_time_it_needs_within_env_timeout():
     not cut short. (A bound on the whole probe would stop it at env_timeout with a "measured on N steps" note.)"""
     env_id = "fleetrl_test_envs:Unreproducible-v0"  # 2 ms a step, a reset every 50
     start = time.monotonic()
-    cost = measure_step(env_id, env_family(env_id), seconds=1.5, env_timeout=0.5)
+    cost = measure_step(env_id, env_family(env_id), seconds=2.0, env_timeout=0.75)
     took = time.monotonic() - start
     assert cost.note == "", cost.note
-    assert took >= 1.5 and cost.steps > 50, (took, cost)  # its whole budget, three times env_timeout, through resets
+    assert took >= 2.0 and cost.steps > 50, (took, cost)  # its whole budget, past env_timeout, through resets
 
 
 @pytest.mark.needs("pettingzoo", "multiagent")
