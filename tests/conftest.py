@@ -435,3 +435,37 @@ def dqn_updates_made(total_timesteps: int, learning_starts: int = 1000, train_fr
     """CleanRL's dqn.py count, for one env: an update at every ``global_step`` in ``range(total_timesteps)`` that is past
     ``learning_starts`` and a multiple of ``train_frequency``."""
     return sum(1 for step in range(total_timesteps) if step > learning_starts and step % train_frequency == 0)
+
+
+# ---- the suite's own profile: FLEETRL_TEST_PROFILE=FILE appends a JSON line per test (benchmarks/suite_profile.py) ----
+_PROFILE = os.environ.get("FLEETRL_TEST_PROFILE")
+if _PROFILE:
+    import json  # noqa: E402
+    import resource  # noqa: E402
+    import time  # noqa: E402
+
+    import pytest  # noqa: E402
+
+    _starts = {"n": 0}
+    _popen_init = subprocess.Popen.__init__
+
+    def _counted_popen_init(self, *args, **kwargs):  # every process a test starts through subprocess (fleetrl, torchrun, ...)
+        _starts["n"] += 1
+        _popen_init(self, *args, **kwargs)
+
+    subprocess.Popen.__init__ = _counted_popen_init
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        """Wall time (setup, call and teardown: fixtures count), this process's CPU, and the CPU of the processes it started
+        and waited for, per test."""
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        starts, began = _starts["n"], time.perf_counter()
+        yield
+        own2, kids2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        record = {"test": item.nodeid, "wall_s": round(time.perf_counter() - began, 3),
+                  "own_cpu_s": round(own2.ru_utime + own2.ru_stime - own.ru_utime - own.ru_stime, 3),
+                  "children_cpu_s": round(kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime, 3),
+                  "processes_started": _starts["n"] - starts, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+        with open(_PROFILE, "a") as log:
+            log.write(json.dumps(record) + "\n")
