@@ -11,6 +11,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import run_fleetrl
+from fleetrl.checkpoint import load_checkpoint
 from test_tune import load, tune_args, write_space
 
 pytestmark = pytest.mark.slow
@@ -51,3 +52,12 @@ def test_benchmark_plot_compare_and_tune_run_the_algorithm(tmp_path, algo):
     study = load(storage)
     assert len(study.trials) == 2 and all(t.state == TrialState.COMPLETE for t in study.trials)
     assert f"fleetrl train {algo}" in tune.stdout
+    for trial in study.trials:  # each tuned value is what the algorithm's trainer trained with, as its checkpoint saved it
+        assert sorted(trial.params) == sorted(line.split(":")[0] for line in space.splitlines()), trial.params
+        assert len(trial.user_attrs["run_dirs"]) == 1, trial.user_attrs  # one seed: one run
+        for run_dir in trial.user_attrs["run_dirs"]:
+            state = load_checkpoint(run_dir)
+            saved = state["args"]
+            assert state["algo"] == algo
+            assert {name: saved[name.replace("-", "_")] for name in trial.params} == trial.params, run_dir
+            assert saved["total_timesteps"] == int(flags[flags.index("--total-timesteps") + 1]), "the command's fixed flags too"
