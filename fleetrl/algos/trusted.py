@@ -10,11 +10,13 @@ written is not believed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
 import sys
 from pathlib import Path
+
+from fleetrl import files
+from fleetrl.errors import FleetError
 
 RECORD_NAME = "code-you-ran.sha256"  # lines of `SHA256  PATH`, as sha256sum writes them (the path is for the reader only)
 
@@ -37,16 +39,15 @@ def remember(sha256: str, path: str) -> None:
         problem = _not_private(record.parent, folder=True)
         if problem:
             raise PermissionError(problem)
-        fd = os.open(record, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "r+", encoding="utf-8") as file:
-            fcntl.flock(file, fcntl.LOCK_EX)  # torchrun's ranks record the same file at once
-            problem = _not_private(record, fd=file.fileno())
-            if problem:
-                raise PermissionError(problem)
-            file.seek(0)
-            if sha256 not in _hashes(file.read()):
-                file.write(f"{sha256}  {path.replace(chr(10), '?')}\n")
-    except OSError as exc:
+        with files.exclusive_lock(record.with_name(RECORD_NAME + ".lock")):  # torchrun's ranks record the same file at once
+            fd = os.open(record, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "r+", encoding="utf-8") as file:
+                problem = _not_private(record, fd=file.fileno())
+                if problem:
+                    raise PermissionError(problem)
+                if sha256 not in _hashes(file.read()):
+                    file.write(f"{sha256}  {path.replace(chr(10), '?')}\n")
+    except (OSError, FleetError) as exc:
         print(f"fleetrl: warning: could not add {path} to the record of the code you ran ({record}: {exc}); `fleetrl eval` of "
               f"its checkpoints will ask you to name the file with --algo-file.", file=sys.stderr, flush=True)
 
