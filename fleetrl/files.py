@@ -9,15 +9,19 @@ import os
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from fleetrl.errors import FleetError
 from fleetrl.processes import pid_alive
 
 _HOST = socket.gethostname()
 TEMPORARY = ".tmp-"  # in every temporary name: `.{name}.tmp-{host}-{pid}-t{thread}{suffix}`
 # the writer in a temporary name; names from before the thread (host-pid) and the host (pid) were in it parse too
 _WRITER = re.compile(r"\.tmp-(?:(?P<host>.*)-)?(?P<pid>\d+)(?:-t\d+.*)?")
+LOCK_TIMEOUT_S = 300.0  # the longest exclusive_lock waits: its holders keep it for seconds at most, so a wait this long is a stuck holder
+LOCK_POLL_S = (0.001, 0.05)  # exclusive_lock retries after the first, growing to the second: a short hold is taken at once
 
 
 def temporary_path(path: str | os.PathLike, suffix: str = "") -> Path:
@@ -94,15 +98,51 @@ def remove_stale_temporaries(folder: str | os.PathLike, prefix: str = "") -> Non
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: str | os.PathLike) -> Iterator[None]:
+def exclusive_lock(path: str | os.PathLike, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold an exclusive lock on the file ``path`` (made if missing) for the block, against every other process that
-    takes it here: one holder at a time, the others wait. The kernel releases it when the holder dies, however."""
+    takes it here: one holder at a time, the others wait, each at most ``timeout`` seconds, then a :class:`FleetError`
+    names the holder. The kernel releases the lock when the holder dies, however."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)  # as open(path, "a"): the umask applies
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _take(fd, path, timeout)
         yield
     finally:
         os.close(fd)  # closing the last descriptor releases the lock
+
+
+def _take(fd: int, path: str | os.PathLike, timeout: float) -> None:
+    """flock ``fd``, retrying until ``timeout`` (a blocking flock cannot be given a deadline)."""
+    deadline, pause = time.monotonic() + timeout, LOCK_POLL_S[0]
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            holder = lock_holder(fd)
+            who = f"process {holder}" if holder is not None else "another process"
+            raise FleetError(f"Waited {timeout:g} s for the lock {path}, which {who} held all that time (fleetrl holds it for "
+                             f"seconds). If that process is stuck, end it (kill {holder if holder is not None else 'PID'}: the lock goes "
+                             f"with it); then run this again.")
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(2 * pause, LOCK_POLL_S[1])
+
+
+def lock_holder(fd: int) -> int | None:
+    """The pid that holds a flock on the file open as ``fd`` (from /proc/locks), or None where it cannot be told: no
+    /proc, or the holder is in another pid namespace (a container)."""
+    st = os.fstat(fd)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; a waiter's has "->" after "1:"
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit() and fields[4] != "0":
+                    return int(fields[4])
+    except OSError:
+        pass
+    return None
 
 
 def _fsync(path: str | os.PathLike, flags: int) -> None:

@@ -1,6 +1,6 @@
 """fleetrl/files.py, the one home of write-then-rename and of file locks: a write that fails midway (a full disk, a value
 that cannot be serialised) leaves the old file whole and no temporary file; stale temporaries of dead writers go; a lock
-excludes a second process and goes with its holder."""
+excludes a second process, goes with its holder, and a wait for one that a stuck process holds ends in one paragraph."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 import pytest
 
 from fleetrl import files
+from fleetrl.errors import FleetError
 
 from conftest import fleetrl_env, tmpfs
 
@@ -105,8 +106,15 @@ def test_stale_temporaries_of_dead_writers_on_this_machine_are_removed_and_no_ot
 
 LOCKER = """
 import sys, time
+from fleetrl.errors import FleetError
 from fleetrl.files import exclusive_lock
 print("waiting", flush=True)
+if sys.argv[2] == "try first":  # a short try that must find the lock held: the sign that this process reached it
+    try:
+        with exclusive_lock(sys.argv[1], timeout=0.2):
+            print("took it while held", flush=True)
+    except FleetError:
+        print("found it held", flush=True)
 with exclusive_lock(sys.argv[1]):
     print(time.time(), flush=True)
     if sys.argv[2] == "hold":
@@ -117,14 +125,34 @@ with exclusive_lock(sys.argv[1]):
 def test_a_file_lock_excludes_a_second_process_until_the_first_lets_go(tmp_path):
     lock = tmp_path / "study.lock"
     with files.exclusive_lock(lock):
-        other = subprocess.Popen([sys.executable, "-c", LOCKER, str(lock), "take"], stdout=subprocess.PIPE, text=True, env=fleetrl_env())
+        other = subprocess.Popen([sys.executable, "-c", LOCKER, str(lock), "try first"], stdout=subprocess.PIPE, text=True,
+                                 env=fleetrl_env())
         assert other.stdout.readline().strip() == "waiting"
-        time.sleep(0.3)  # time to reach the lock: the order below holds either way
-        assert other.poll() is None, "it waits for the lock"
+        # no sleep racing the child to the lock: it says when it tried, and found it held
+        assert other.stdout.readline().strip() == "found it held", "a second process took the lock while the first held it"
         released = time.time()
     got = float(other.stdout.readline())
     assert other.wait(timeout=30) == 0
     assert got >= released, "the second process took the lock only after the first let it go"
+
+
+def test_a_wait_for_a_lock_that_a_stuck_process_holds_ends_in_one_paragraph_naming_it(tmp_path):
+    lock = tmp_path / "study.lock"
+    holder = subprocess.Popen([sys.executable, "-c", LOCKER, str(lock), "hold"], stdout=subprocess.PIPE, text=True, env=fleetrl_env())
+    try:
+        assert holder.stdout.readline().strip() == "waiting"
+        float(holder.stdout.readline())  # it holds the lock, and never lets go
+        began = time.monotonic()
+        with pytest.raises(FleetError) as refused:
+            with files.exclusive_lock(lock, timeout=0.5):
+                pytest.fail("took a lock another process holds")
+        assert time.monotonic() - began < 20, "the wait is bounded by its timeout (a generous guard for a loaded machine)"
+        said = str(refused.value)
+        assert "\n" not in said and f"Waited 0.5 s for the lock {lock}" in said and f"process {holder.pid} held" in said, said
+        assert f"kill {holder.pid}" in said, said
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_file_lock_goes_with_its_holder_when_it_is_killed(tmp_path):
