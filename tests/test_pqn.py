@@ -4,8 +4,11 @@ deterministic evaluation, the sampler's modes, and clear refusals. Real envs, re
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
 import signal
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,8 +26,8 @@ from conftest import assert_same_learner, killed_on_exit, run_fleetrl, start_fle
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress", "--precision", "fp32"]
 SMALL = [*CARTPOLE, "--num-steps", "32"]  # 4 envs x 32 steps: 128 transitions an iteration
 # the same observation every step and no episode end (tests/fleetrl_test_envs.py): a resume, which restarts the episodes,
-# sees what an uninterrupted run sees
-STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", *SMALL[2:]]
+# sees what an uninterrupted run sees; each step sleeps 5 ms, so a run lasts a known wall time however fast the host
+SLOW_STATELESS = ["--env-id", "fleetrl_test_envs:SlowStateless-v0", *SMALL[2:]]
 
 
 def assert_clean_failure(proc, *needles):
@@ -129,6 +132,125 @@ def test_help_lists_pqns_flags_with_their_family_defaults():
     assert pqn.FAMILY_DEFAULTS["atari"]["exploration_fraction"] == 0.1 and pqn.FAMILY_DEFAULTS["classic"]["end_e"] == 0.05
 
 
+# ------------------------------------------------------------------------------------------ the weights that act
+ITERATIONS = 6
+
+
+def versions_acted_with(algo, monkeypatch, tmp_path, **flags) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Train ``algo`` (pqn, or a copy of its file) in this process on CartPole for ITERATIONS rollouts of 4 envs x 16
+    steps, and tell which weights acted: for each rollout k, per transition, the version of the learner's weights whose
+    greedy Q-value the actor stored (version k: the weights the learner held when rollout k arrived, after k iterations
+    of updates), and the rollout's ``env_ids`` (first-ready rows) or None."""
+    learners, rollouts = [], []
+
+    class Recorded(algo.QNetwork):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            learners.append(self)  # the learner's network (the sampler's and the precision probe's are copies)
+
+    returns = algo.q_lambda_returns
+
+    def recording(b, gamma, q_lambda):  # the learner's first look at rollout k
+        weights = copy.deepcopy(learners[0].state_dict())
+        rollouts.append((b.obs.copy(), b.values.copy(), None if b.env_ids is None else b.env_ids.copy(), weights))
+        return returns(b, gamma, q_lambda)
+
+    monkeypatch.setattr(algo, "QNetwork", Recorded)
+    monkeypatch.setattr(algo, "q_lambda_returns", recording)
+    threads = torch.get_num_threads()  # the run sets this process's torch threads
+    try:
+        algo.train(algo.Args(env_id="CartPole-v1", seed=1, num_envs=4, num_steps=16, total_timesteps=ITERATIONS * 64, torch_threads=1,
+                             cuda=False, precision="fp32", progress=False, run_dir=str(tmp_path / "run"), **flags))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(rollouts) == ITERATIONS
+    q_network = pqn.QNetwork((4,), gym.spaces.Discrete(2))
+    acted = []
+    for obs, values, env_ids, _ in rollouts:
+        errors = []
+        for *_, weights in rollouts:
+            q_network.load_state_dict(weights)
+            with torch.no_grad():
+                errors.append(np.abs(q_network.get_value(torch.from_numpy(obs.reshape(-1, 4))).numpy().reshape(values.shape) - values))
+        errors = np.stack(errors)
+        # the weights that acted give the stored values to float32 rounding (acting batches differ from this one);
+        # the weights of neighbouring versions are a few hundredths apart on CartPole
+        assert errors.min(0).max() < 1e-5, "a stored value that no version of the learner's weights gives"
+        acted.append((errors.argmin(0), env_ids))
+    return acted
+
+
+def test_the_actor_acts_with_the_weights_of_the_latest_update(monkeypatch, tmp_path):
+    for k, (versions, _) in enumerate(versions_acted_with(pqn, monkeypatch, tmp_path, env_backend="sync")):
+        assert (versions == k).all(), f"rollout {k} acted with versions {np.unique(versions)}"
+
+
+def test_a_copy_of_pqn_that_builds_its_actor_before_its_optimizer_acts_with_the_updated_weights(monkeypatch, tmp_path):
+    # a user's copy may build the engine in another order: the sampler's actor (which captures views of the parameters,
+    # fleetrl/sampling/acting.py) before the optimizer (fleetrl/optim.py) must still act with every update
+    lines = Path(pqn.__file__).read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith("optimizer = optim.RAdam("))
+    moved = lines[first:first + 3]  # the optimizer, the gradient sync and run.register(model=..., optimizer=...)
+    assert "gradient_sync" in moved[1] and "run.register(model=q_network, optimizer=optimizer)" in moved[2], moved
+    del lines[first:first + 3]
+    after_sampler = next(i for i, line in enumerate(lines) if "run.register_per_rank(actor=sampler)" in line)
+    assert after_sampler > next(i for i, line in enumerate(lines) if "sampler = run.closing(Sampler(" in line)
+    lines[after_sampler:after_sampler] = moved
+    path = tmp_path / "pqn_actor_first.py"
+    path.write_text("".join(lines))
+    spec = importlib.util.spec_from_file_location("pqn_actor_first", path)
+    actor_first = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pqn_actor_first", actor_first)  # its dataclass looks its module up there
+    spec.loader.exec_module(actor_first)
+
+    for k, (versions, _) in enumerate(versions_acted_with(actor_first, monkeypatch, tmp_path, env_backend="sync")):
+        assert (versions == k).all(), f"rollout {k} acted with versions {np.unique(versions)}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", [dict(env_backend="async", async_batch=2), dict(env_backend="sync", policy_lag=1)],
+                         ids=["first-ready", "policy-lag"])
+def test_first_ready_batches_and_the_lagged_sampler_act_with_the_weights_their_mode_promises(monkeypatch, tmp_path, capsys, mode):
+    # first-ready: every env stays in flight, so each env's first transition in rollout k was acted on in rollout k-1;
+    # the rest with the latest weights. --policy-lag 1: the sampler thread collects rollout k while the learner trains on
+    # rollout k-1, with the weights of one update before
+    acted = versions_acted_with(pqn, monkeypatch, tmp_path, **mode)
+    assert ("first-ready" if "async_batch" in mode else "policy-lag 1") in capsys.readouterr().out
+    for k, (versions, env_ids) in enumerate(acted):
+        if "policy_lag" in mode:
+            expected = np.full(versions.shape, max(k - 1, 0))
+        else:
+            expected = np.full(versions.shape, k)
+            if k:
+                for env in range(4):  # the env's first row in this rollout
+                    row, col = np.argwhere(env_ids == env)[0]
+                    expected[row, col] = k - 1
+        assert np.array_equal(versions, expected), f"rollout {k}: acted with {versions.tolist()}, expected {expected.tolist()}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_atari_run_trains_and_checkpoints_channels_last_weights_when_channels_last_is_chosen(tmp_path, capsys):
+    # the start-up line and the checkpoint's record of the choice (remembered accel) say channels-last: the weights the
+    # optimizer steps, and the checkpoint saves, must be in that layout
+    threads = torch.get_num_threads()
+    try:
+        pqn.train(pqn.Args(env_id="BreakoutNoFrameskip-v4", seed=1, num_envs=2, num_steps=16, num_minibatches=1, update_epochs=1,
+                           total_timesteps=64, memory_format="channels-last", precision="fp32", torch_threads=1, cuda=False,
+                           progress=False, run_dir=str(tmp_path / "run")))
+    finally:
+        torch.set_num_threads(threads)
+    assert "precision: fp32, channels-last" in capsys.readouterr().out
+    state = checkpoint.load_checkpoint(tmp_path / "run")
+    assert state["remembered"]["accel"]["channels_last"] is True
+    convolutions = {k: v for k, v in state["model"].items() if v.dim() == 4}
+    assert len(convolutions) == 3
+    for name, weight in convolutions.items():
+        assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous(), (name, weight.stride())
+    assert all(v["exp_avg"].abs().sum() > 0 for v in state["optimizer"]["state"].values()), "the optimizer stepped them all"
+
+
 # ------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("flags, needles", [
     (["--q-lambda", "1.5"], ["--q-lambda", "1.5", "[0, 1]"]),
@@ -165,18 +287,21 @@ def test_pqn_learns_cartpole_on_a_small_budget(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
-    iterations = 24
-    train = ["train", "pqn", *STATELESS, "--total-timesteps", str(iterations * 128), "--checkpoint-every", "2"]
+    # each env step sleeps 5 ms and the 4 envs step one after the other: an iteration (4 x 32 steps) lasts at least
+    # 0.64 s on any host, so the 8 iterations after the checkpoint that the SIGTERM waits for take 5 s or more, against
+    # the checkpoint poll's 0.1 s: the signal lands while the run is still training
+    iterations = 10
+    train = ["train", "pqn", *SLOW_STATELESS, "--total-timesteps", str(iterations * 128), "--checkpoint-every", "2"]
     whole = run_fleetrl(*train, "--run-dir", str(tmp_path / "whole"), timeout=240)
     assert whole.returncode == 0, whole.stderr[-3000:]
     stopped = tmp_path / "stopped"
     proc = start_fleetrl_group(*train, "--run-dir", str(stopped))
     with killed_on_exit(proc):
-        wait_for_checkpoint(proc, stopped, 4 * 128)
+        wait_for_checkpoint(proc, stopped, 2 * 128)
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0]
     assert proc.returncode != 0 and "stopped by SIGTERM" in output and "--resume auto" in output, output[-3000:]
-    assert checkpoint.load_checkpoint(stopped)["global_step"] < iterations * 128
+    assert 2 * 128 <= checkpoint.load_checkpoint(stopped)["global_step"] < iterations * 128
     resumed = run_fleetrl(*train, "--resume", "auto", "--run-dir", str(stopped), timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_learner(checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped))
@@ -186,23 +311,27 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_eval_plays_greedy_and_returns_the_same_episodes_for_a_seed(tmp_path):
+def test_eval_plays_the_checkpoints_greedy_actions_from_its_seed(tmp_path):
     run_dir = tmp_path / "run"
     assert run_fleetrl("train", "pqn", *SMALL, "--total-timesteps", "1024", "--run-dir", str(run_dir)).returncode == 0
-    results = [run_fleetrl("eval", str(run_dir), "--episodes", "3", "--seed", "7", "--json", timeout=120) for _ in range(2)]
-    for proc in results:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    first, second = (json.loads(proc.stdout.strip().splitlines()[-1]) for proc in results)
-    assert first == second
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", [["--env-backend", "async", "--async-batch", "2"], ["--policy-lag", "1"]])
-def test_first_ready_batches_and_the_lagged_sampler_train(tmp_path, mode):
-    flags = [f for f in SMALL if f not in ("--env-backend", "sync")] + (["--env-backend", "sync"] if "async" not in mode else [])
-    run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "pqn", *flags, *mode, "--total-timesteps", "1024", "--run-dir", str(run_dir), timeout=240)
+    proc = run_fleetrl("eval", str(run_dir), "--episodes", "10", "--seed", "7", "--json", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert checkpoint.load_checkpoint(run_dir)["global_step"] == 1024
-    assert ("first-ready" if "async" in mode else "policy-lag 1") in proc.stdout
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the same ten episodes played here with plain gymnasium: CartPole reset from seed 7, then the argmax of the
+    # checkpoint's Q-values at every step. Epsilon-greedy (the run's end_e is 0.05 over hundreds of steps), another
+    # network's weights or another seed would part from them
+    q_network = pqn.QNetwork((4,), gym.spaces.Discrete(2))
+    q_network.load_state_dict(checkpoint.load_checkpoint(run_dir)["model"])
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=7)
+    returns, episode_return = [], 0.0
+    while len(returns) < 10:
+        with torch.no_grad():
+            action = int(q_network.q_values(torch.as_tensor(obs)[None]).argmax())
+        obs, reward, terminated, truncated, _ = env.step(action)
+        episode_return += reward
+        if terminated or truncated:
+            returns.append(episode_return)
+            episode_return = 0.0
+            obs, _ = env.reset()
+    assert result["returns"] == returns
