@@ -134,7 +134,7 @@ class Run:
         if resumed is not None:
             args = _resumed_args(args, resumed, explicit, algo, say=dist.is_main)
             _warn_if_code_changed(resumed, dist.is_main)
-        family = env_family(args.env_id)
+        family = env_family(args.env_id, args.env_timeout)  # a custom env is built to read its spaces: bounded as a build
         config.check_agent_rows(args.env_id, family.name, algo, cls.command_for(algo), cls.algorithm_file)  # PettingZoo games
         args = config.apply_family_defaults(args, family_defaults, family.name, algo)
         if family.agents > 1 and "num_envs" not in explicit and resumed is None:  # a default in whole games (rows, rounded up)

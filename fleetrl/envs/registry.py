@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import gymnasium as gym
 
@@ -25,6 +26,9 @@ from fleetrl.envs.spaces import check_action_space
 from fleetrl.envs.wrappers import CheckOutputs, EpisodeStats
 from fleetrl.errors import FleetError, UnsupportedSpaceError, require
 
+
+T = TypeVar("T")
+ENV_TIMEOUT_S = 60.0  # --env-timeout's default: an env built for its spaces gets as long as a worker's build (at least 30 s)
 
 PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
                  "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
@@ -109,9 +113,32 @@ class EnvFamily:
 MULTIAGENT_FAMILIES = ("multiagent", "multiagent-image")  # PettingZoo games: vector observations, or images (a CNN)
 
 
-def env_family(env_id: str) -> EnvFamily:
+def read_built(make: Callable[[], gym.Env], read: Callable[[gym.Env], T], env_id: str, env_timeout: float | None = ENV_TIMEOUT_S) -> T:
+    """``read(env)`` of an env built with ``make`` only for that (its spaces), then closed; the build gets as long as an
+    env worker's (``env_timeout``, at least 30 s; 0 or None: forever), the read and the close ``env_timeout``. An env
+    that hangs there ends it in one paragraph, its thread left behind until the process exits (fleetrl/envs/probe.py)."""
+    from fleetrl.envs.probe import ProbeHung, run_bounded  # it builds on this module
+
+    def build_and_read(watch) -> T:
+        env = watch.call("construction", make)
+        try:
+            return read(env)
+        finally:
+            watch.call("close", env.close)
+
+    try:
+        return run_bounded(build_and_read, env_timeout, name="fleetrl-env-spaces")
+    except ProbeHung as hung:
+        raise FleetError(f"{env_id} was built to read its spaces, and its {hung.what} gave no answer within {hung.timeout:g} s: it "
+                         f"hangs (waiting for a server, a lock, a prompt?). Fix what it waits for, or give it longer with "
+                         f"--env-timeout SECONDS (a build gets at least 30 s; 0 waits forever).") from None
+
+
+def env_family(env_id: str, env_timeout: float | None = ENV_TIMEOUT_S) -> EnvFamily:
+    """The family of ``env_id``; a classic or custom env is built once to read its action space, for at most
+    ``env_timeout`` seconds (:func:`read_built`)."""
     if is_pettingzoo_id(env_id):
-        return _multiagent_family(env_id)
+        return _multiagent_family(env_id, env_timeout)
     name = import_env_module(env_id)
     if is_procgen_id(name):
         require("envpool", "envpool", f"The Procgen environment {env_id!r}")
@@ -124,31 +151,26 @@ def env_family(env_id: str) -> EnvFamily:
     if "mujoco" in entry:
         require("mujoco", "mujoco", f"The MuJoCo environment {env_id!r}")
         return EnvFamily("mujoco", continuous=True)
-    probe = gym.make(name)
-    try:
-        check_action_space(env_id, probe.action_space)
-        continuous = isinstance(probe.action_space, gym.spaces.Box)
-    finally:
-        probe.close()
+    action_space = read_built(lambda: gym.make(name), lambda probe: probe.action_space, env_id, env_timeout)
+    check_action_space(env_id, action_space)
+    continuous = isinstance(action_space, gym.spaces.Box)
     # continuous-control envs outside MuJoCo (Pendulum, ...) take the MuJoCo defaults, as in CleanRL
     return EnvFamily("mujoco" if continuous else "classic", continuous)
 
 
-def _multiagent_family(env_id: str) -> EnvFamily:
+def _multiagent_family(env_id: str, env_timeout: float | None) -> EnvFamily:
     """A PettingZoo game's family, from one game made here: its agents, and whether rows are images."""
     require("pettingzoo", "multiagent", f"The PettingZoo environment {env_id!r}")
-    game = GameEnv(env_id, atari=is_atari_game(env_id))
-    try:
-        obs, act = game.row_observation_space, game.row_action_space
-        check_action_space(env_id, act)
-        image = len(obs.shape) == 3
-        if not image and len(obs.shape) != 1:
-            raise UnsupportedSpaceError(f"--env-id {env_id!r}: its agents observe {obs}; fleetrl's rows take vectors or images "
-                                        f"(height, width, channels).")
-        return EnvFamily("multiagent-image" if image else "multiagent", isinstance(act, gym.spaces.Box), agents=game.agent_rows,
-                         agent_names=tuple(game.agents))
-    finally:
-        game.close()
+    obs, act, agent_rows, agents = read_built(
+        lambda: GameEnv(env_id, atari=is_atari_game(env_id)),
+        lambda game: (game.row_observation_space, game.row_action_space, game.agent_rows, tuple(game.agents)), env_id, env_timeout)
+    check_action_space(env_id, act)
+    image = len(obs.shape) == 3
+    if not image and len(obs.shape) != 1:
+        raise UnsupportedSpaceError(f"--env-id {env_id!r}: its agents observe {obs}; fleetrl's rows take vectors or images "
+                                    f"(height, width, channels).")
+    return EnvFamily("multiagent-image" if image else "multiagent", isinstance(act, gym.spaces.Box), agents=agent_rows,
+                     agent_names=agents)
 
 
 @dataclass(frozen=True)

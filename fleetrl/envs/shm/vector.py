@@ -48,6 +48,7 @@ from fleetrl import processes
 from fleetrl.cores import available_cores
 from fleetrl.envs.shm.layout import make_layout, map_views
 from fleetrl.envs.shm.supervisor import Supervisor, Worker
+from fleetrl.envs.registry import read_built
 from fleetrl.envs.shm.worker import RESET, STEP
 from fleetrl.envs.vector import check_async_batch
 from fleetrl.errors import FleetError
@@ -143,14 +144,11 @@ class SharedMemoryVectorEnv:
         env_names = [str(getattr(fn, "env_id", None) or repr(fn)) for fn in env_fns]
 
         # Spaces come from one env built here, as gymnasium's AsyncVectorEnv does: the shared block
-        # must be sized before the workers start.
-        probe = env_fns[0]()
-        try:
-            self.single_observation_space = probe.observation_space
-            self.single_action_space = probe.action_space
-            rows = getattr(probe.unwrapped, "agent_rows", None)  # a multi-agent game (fleetrl/envs/multiagent.py): flags per agent
-        finally:
-            probe.close()
+        # must be sized before the workers start. Its build is bounded as a worker's is.
+        self.single_observation_space, self.single_action_space, rows = read_built(
+            env_fns[0], lambda probe: (probe.observation_space, probe.action_space,
+                                       getattr(probe.unwrapped, "agent_rows", None)),  # a multi-agent game (fleetrl/envs/multiagent.py): flags per agent
+            env_names[0], env_timeout)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
         layout, nbytes = make_layout(n, num_workers, self.single_observation_space, self.single_action_space, rows)
