@@ -46,6 +46,7 @@ from fleetrl.errors import FleetError
 __all__ = ["Learner", "check_policy_lag"]
 
 POLL_SECONDS = 1.0  # how often a wait checks that the learner process is still alive
+ANSWER_TIMEOUT_S = 600.0  # the longest a wait for the learner may take: its boot and an update take seconds, so this is a hang
 PROCESS_NAME = "fleetrl-learner"  # what ps, top and psutil show for it (15 characters at most)
 SPIN_SECONDS = 0.002  # a wait spins this long before it sleeps (see _ready)
 
@@ -63,13 +64,14 @@ class Learner:
     """Runs update functions here (``lag`` 0) or in a learner process (``lag`` 1); see the module docstring."""
 
     def __init__(self, updates: Sequence[Callable[..., Any]], acting: nn.Module, owned: dict[str, Any], lag: int, device: Any,
-                 torch_threads: int = 1):
+                 torch_threads: int = 1, answer_timeout: float = ANSWER_TIMEOUT_S):
         if lag and torch.device(device).type != "cpu":
             raise FleetError(f"--policy-lag 1 runs the updates in a CPU learner process, which publishes its weights in shared CPU "
                              f"memory; the run is on {device}, where an update is short anyway. Leave out --policy-lag (0), "
                              f"or train on the CPU (--no-cuda) with it.")
         self.updates, self.acting, self.owned, self.lag = list(updates), acting, owned, lag
         self.torch_threads = torch_threads
+        self.answer_timeout = answer_timeout  # seconds each wait for the learner's answer may take
         self._process: Any = None
         self._conn: Any = None
         self._started = False  # the learner process got the functions and their objects (at the first call)
@@ -118,9 +120,12 @@ class Learner:
             raise self._died() from None
 
     def _receive(self) -> tuple:
-        while not _ready(self._conn, POLL_SECONDS):
+        deadline = time.monotonic() + self.answer_timeout
+        while not _ready(self._conn, min(POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
             if not self._process.is_alive():
                 raise self._died()
+            if time.monotonic() >= deadline:
+                raise self._hung()
         try:
             reply = pickle.loads(self._conn.recv_bytes())
         except (EOFError, ConnectionResetError, OSError):
@@ -149,6 +154,15 @@ class Learner:
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         return FleetError(f"The learner process (--policy-lag 1) {how} (out of memory?). The run stopped; its last checkpoint "
                           f"holds it. Continue with --resume auto, with --policy-lag 0 if this repeats.")
+
+    def _hung(self) -> FleetError:
+        """The learner is alive but gave no answer in time: an update stuck (a deadlock, a lock never released). It is
+        killed, so that closing the run does not wait for it."""
+        self._process.kill()
+        self._process.join(timeout=POLL_SECONDS)
+        return FleetError(f"The learner process (--policy-lag 1) gave no answer within {self.answer_timeout:g} s, where an update takes "
+                          f"seconds: an update hung in it, so it was killed and the run stopped; its last checkpoint holds it. "
+                          f"Continue with --resume auto, with --policy-lag 0 (the updates in the training process) if this repeats.")
 
     def sync(self) -> None:
         """Wait for the learner, then copy its state of every registered object into this process (before a checkpoint)."""

@@ -187,6 +187,29 @@ def test_a_killed_learner_process_stops_the_run_with_a_clear_error():
         learner.close()
 
 
+def test_a_learner_that_never_answers_ends_the_wait_in_one_paragraph_and_is_killed():
+    net, bump, _, _unused = counter_learner(lag=0)
+
+    def hang(_: None) -> None:
+        time.sleep(3600)  # a deadlocked update: the process stays alive and never answers
+
+    learner = Learner([bump, hang], acting=net, owned={"net": net}, lag=1, device="cpu")
+    try:
+        learner(bump, torch.ones(1, 1))
+        learner.sync()  # booted and answering (under the default timeout, however loaded the machine)
+        learner.answer_timeout = 1.0
+        learner(hang, None)
+        began = time.monotonic()
+        with pytest.raises(FleetError) as raised:
+            learner(bump, torch.ones(1, 1))
+        assert time.monotonic() - began < 30, "the wait is bounded by its timeout (a generous guard for a loaded machine)"
+        said = str(raised.value)
+        assert "\n" not in said and "gave no answer within 1 s" in said and "--resume auto" in said, said
+        assert not learner._process.is_alive(), "the hung learner is killed, so closing the run does not wait for it"
+    finally:
+        learner.close()
+
+
 def test_bad_policy_lags_are_refused_before_anything_runs(tmp_path):
     proc = run_fleetrl_in_process("train", "dqn", *CARTPOLE, "--policy-lag", "2", "--run-dir", str(tmp_path / "r"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "--policy-lag must be in [0, 1] (0: every step acts" in proc.stderr, proc.stderr
