@@ -319,6 +319,31 @@ def test_an_up_killed_outright_while_starting_its_daemons_leaves_nothing_running
         assert not os.path.lexists(folder)
 
 
+@pytest.mark.timeout(120)
+def test_a_controller_that_never_answers_ends_the_start_in_one_paragraph_on_time_and_leaves_nothing(tmp_path, monkeypatch):
+    require_slurm()
+    folder = new_folder_in_tmp("hung-scontrol")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexec sleep 600\n")  # the start's `scontrol ping` never answers
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setattr(minicluster, "START_TIMEOUT_S", 3.0)
+    with cluster_cleanup(folder):
+        with monkeypatch.context() as hung:
+            hung.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+            began = time.monotonic()
+            with pytest.raises(minicluster.MiniClusterError) as failed:
+                minicluster.start(folder, nodes=1)
+            took = time.monotonic() - began
+        # each probe gets the time left, not Slurm's own 30 s: the wait ends at its 3 s (a generous guard for the setup)
+        assert took < 25, f"the start took {took:.1f} s with 3 s to wait for slurmctld"
+        said = " ".join(str(failed.value).split())
+        assert "The mini Slurm cluster did not start: waiting for slurmctld to answer, not within 3 s" in said, said
+        assert "slurmctld" in said.split("The ends of the daemons' logs")[1], "the paragraph brings the daemons' logs"
+        assert not daemons_naming(folder), "a failed start stops what it started"
+        assert not os.path.lexists(folder)
+
+
 def test_an_ip_or_slurmd_that_hangs_is_one_clear_error_not_a_traceback(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

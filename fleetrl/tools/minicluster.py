@@ -45,6 +45,7 @@ from fleetrl.tools import slurm_jobs
 from fleetrl.tools.minicluster_host import DEFAULT_DIR, REGISTRY, MiniClusterError  # noqa: F401 - the module's names for its users
 
 START_TIMEOUT_S = 60.0  # the daemons start in well under 1 s here; a start this slow is reported with the logs
+PROBE_MIN_S = 1.0  # the least time one readiness probe (scontrol ping, sinfo) gets, even with less of the start's time left
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 REQUEUE_DELAY_S = 5  # cred_expire: how long a requeued job waits before it may start again (Slurm: 120 s by default, 5 at least)
 KILL_WAIT_S = 30  # Slurm's KillWait: from SIGTERM to SIGKILL when a job is cancelled or requeued (Slurm's default)
@@ -388,11 +389,11 @@ def _start_daemons(cluster: MiniCluster) -> None:
                      f"--log-file={root}/log/munged.log"], root / "log" / "munged.out")
     cluster.pids["munged"] = munged.pid
     cluster.save()
-    _wait(cluster, lambda: (root / "munge" / "munge.socket").exists(), "munged to open its socket", {"munged": munged})
+    _wait(cluster, lambda _: (root / "munge" / "munge.socket").exists(), "munged to open its socket", {"munged": munged})
     ctld = _spawn(cluster, ["slurmctld", "-D", "-f", str(cluster.conf)], root / "log" / "slurmctld.out")
     cluster.pids["slurmctld"] = ctld.pid
     cluster.save()
-    _wait(cluster, lambda: "UP" in cluster.slurm("scontrol", "ping", check=False), "slurmctld to answer",
+    _wait(cluster, lambda left: "UP" in cluster.slurm("scontrol", "ping", timeout=left, check=False), "slurmctld to answer",
           {"munged": munged, "slurmctld": ctld})
     daemons = {"munged": munged, "slurmctld": ctld}
     q = shlex.quote
@@ -406,17 +407,25 @@ def _start_daemons(cluster: MiniCluster) -> None:
         node.pid = proc.pid  # nsenter, unshare and sh each exec the next: this is slurmd's pid
         cluster.save()
         daemons[f"slurmd on {node.name}"] = proc
-    _wait(cluster, lambda: _idle_nodes(cluster) == {n.name for n in cluster.nodes}, "every node to register and be idle", daemons)
+    _wait(cluster, lambda left: _idle_nodes(cluster, left) == {n.name for n in cluster.nodes}, "every node to register and be idle", daemons)
 
 
-def _idle_nodes(cluster: MiniCluster) -> set[str]:
-    out = cluster.slurm("sinfo", "--noheader", "--Node", "--format=%N %t", check=False)
+def _idle_nodes(cluster: MiniCluster, timeout: float) -> set[str]:
+    out = cluster.slurm("sinfo", "--noheader", "--Node", "--format=%N %t", timeout=timeout, check=False)
     return {name for name, state in (line.split() for line in out.splitlines() if line.strip()) if state == "idle"}
 
 
-def _wait(cluster: MiniCluster, ready: Callable[[], bool], what: str, daemons: dict[str, subprocess.Popen]) -> None:
+def _wait(cluster: MiniCluster, ready: Callable[[float], bool], what: str, daemons: dict[str, subprocess.Popen]) -> None:
+    """Until ``ready(seconds left)``, for START_TIMEOUT_S in all: a probe is given the time left (PROBE_MIN_S at least), and
+    one that does not answer in it (a controller not listening yet, or hung) counts as not ready, so a hang ends the
+    wait on time, in one paragraph with the daemons' logs."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready():
+    while True:
+        try:
+            if ready(max(PROBE_MIN_S, deadline - time.monotonic())):
+                return
+        except slurm_jobs.SlurmError:  # no answer within the time given
+            pass
         dead = [(name, p.returncode) for name, p in daemons.items() if p.poll() is not None]
         if dead or time.monotonic() > deadline:
             why = f"{dead[0][0]} exited with code {dead[0][1]}" if dead else f"not within {START_TIMEOUT_S:g} s"
