@@ -1,6 +1,7 @@
-"""make_vec (fleetrl/envs/gym_vector.py) against gymnasium's own SyncVectorEnv in SAME_STEP mode: the same env functions
-and seeds step identically on every backend that can take the env, checked with gymnasium's data_equivalence on
-gymnasium's own test envs and spaces (tests/gymnasium_vendored/), CartPole, Breakout and a MuJoCo env."""
+"""make_vec (fleetrl/envs/gym_vector.py) against gymnasium's own SyncVectorEnv, in NEXT_STEP mode (gymnasium's default,
+and make_vec's) and SAME_STEP mode: the same env functions and seeds step identically on every backend that can take
+the env, checked with gymnasium's data_equivalence on gymnasium's own test envs and spaces (tests/gymnasium_vendored/),
+CartPole, Breakout and a MuJoCo env; a gymnasium 1.x script runs on make_vec with the one line changed."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from gymnasium_vendored.spaces_utils import TESTING_SPACES, TESTING_SPACES_IDS
 from gymnasium_vendored.testing_env import GenericTestEnv
 from gymnasium_vendored.vector_utils import count_reset, count_step, make_env
 
-SAME_STEP = AutoresetMode.SAME_STEP
+SAME_STEP, NEXT_STEP = AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP
+MODES = [NEXT_STEP, SAME_STEP]
 ARRAY_SPACES = (Box, Discrete, MultiBinary, MultiDiscrete)
 ROOT = Path(__file__).resolve().parent.parent
 FN_BACKENDS = ["sync", "async"]  # the backends that take env functions (auto picks one of them)
@@ -64,7 +66,8 @@ def generic_fns(space, n: int = 3, action_space=None) -> list:
 
 def same_steps(a: gym.vector.VectorEnv, b: gym.vector.VectorEnv, steps: int, seed: int = 0, drop=()) -> int:
     """Step both with the same actions; assert every output agrees (data_equivalence, exact). Returns the episodes
-    that ended, so a test can check it saw some. ``drop``: info keys of final_info's episode to leave out (times)."""
+    that ended, so a test can check it saw some. ``drop``: keys of the episode statistics to leave out (times), in
+    ``info["episode"]`` (NEXT_STEP) or ``info["final_info"]["episode"]`` (SAME_STEP)."""
     obs_a, info_a = a.reset(seed=seed)
     obs_b, info_b = b.reset(seed=seed)
     assert data_equivalence(obs_a, obs_b, exact=True) and data_equivalence(info_a, info_b, exact=True)
@@ -76,6 +79,7 @@ def same_steps(a: gym.vector.VectorEnv, b: gym.vector.VectorEnv, steps: int, see
         for info in (out_a[4], out_b[4]):
             for key in drop:
                 info.get("final_info", {}).get("episode", {}).pop(key, None)
+                info.get("episode", {}).pop(key, None)
         for name, x, y in zip(("obs", "reward", "terminated", "truncated", "info"), out_a, out_b):
             assert data_equivalence(x, y, exact=True), f"step {t}: {name} differs:\n{x}\n{y}"
         ended += int(np.sum(out_a[2] | out_a[3]))
@@ -86,27 +90,57 @@ def children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def assert_no_new_processes(before: set[int]) -> None:
-    """close() left no process behind: only those from before (and multiprocessing's forkserver) remain."""
-    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
-                and "forkserver" not in " ".join(p.cmdline())]
-    assert not leftover, f"left running after close(): {[(p.pid, p.cmdline()) for p in leftover]}"
+MULTIPROCESSING_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def started_by_the_vector(before: set[int]) -> set[int]:
+    """The processes that appeared since ``before``, less multiprocessing's own helpers (its forkserver and resource
+    tracker start with the first process that needs them, whichever test that is, and outlive every vector env). The
+    helpers are this process's own children; the forkserver's children (the workers) carry its command line too."""
+    helpers = set()
+    for proc in psutil.Process().children(recursive=False):
+        try:
+            if any(helper in " ".join(proc.cmdline()) for helper in MULTIPROCESSING_HELPERS):
+                helpers.add(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return children() - before - helpers
+
+
+def running(pids: set[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 # ---- the vector env contract ---------------------------------------------------------------------------------
 
 
-def test_make_vec_is_a_gymnasium_vector_env_in_same_step_mode():
-    envs = make_vec(generic_fns(Box(0, 1, (2,))), backend="sync", verbose=False)
+def test_make_vec_is_a_gymnasium_vector_env_in_gymnasiums_default_autoreset_mode():
+    fns = generic_fns(Box(0, 1, (2,)))
+    reference = SyncVectorEnv(fns)
+    envs = make_vec(fns, backend="sync", verbose=False)
     try:
         assert isinstance(envs, gym.vector.VectorEnv)
-        assert envs.metadata["autoreset_mode"] == SAME_STEP and envs.num_envs == 3
+        assert envs.metadata["autoreset_mode"] == reference.metadata["autoreset_mode"] == NEXT_STEP and envs.num_envs == 3
         assert envs.observation_space == gym.vector.utils.batch_space(Box(0, 1, (2,)), 3)
         assert envs.action_space == gym.vector.utils.batch_space(Discrete(3), 3)
     finally:
         envs.close()
-    with pytest.raises(FleetError, match="SAME_STEP"):
-        make_vec(generic_fns(Box(0, 1, (2,))), backend="sync", autoreset_mode=AutoresetMode.NEXT_STEP)
+        reference.close()
+    for asked in (SAME_STEP, "SameStep"):  # the enum or its value, as SyncVectorEnv takes it
+        envs = make_vec(fns, backend="sync", verbose=False, autoreset_mode=asked)
+        assert envs.metadata["autoreset_mode"] == SAME_STEP
+        envs.close()
+    assert type(envs).metadata["autoreset_mode"] == SAME_STEP, "an instance's mode is its own, not the class's"
+    for refused in (AutoresetMode.DISABLED, "sometimes"):
+        with pytest.raises(FleetError, match=r"NEXT_STEP \(the default\) or SAME_STEP.*DISABLED.*SyncVectorEnv"):
+            make_vec(fns, backend="sync", verbose=False, autoreset_mode=refused)
 
 
 def same_info(info: dict, expected: dict) -> bool:
@@ -116,15 +150,38 @@ def same_info(info: dict, expected: dict) -> bool:
     return list(final_obs) == list(expected_obs) and data_equivalence(info, expected)
 
 
+def counter(max_count: int) -> GenericTestEnv:
+    """gymnasium's counting env: the observation counts the episode's steps, the reward is the action."""
+    env = GenericTestEnv(action_space=Discrete(5), observation_space=Discrete(5), reset_func=count_reset, step_func=count_step)
+    env.max_count = max_count
+    return env
+
+
+@pytest.mark.parametrize("backend", FN_BACKENDS)
+def test_autoreset_as_gymnasiums_own_next_step_test_expects(backend):
+    # gymnasium's tests/vector/test_autoreset_mode.py::test_autoreset_next_step, with max_count set by the env functions:
+    # the step after an end is the reset step (observation 0, reward 0 whatever the action, no flags); that the env was
+    # not stepped there shows in the count that follows (1, not 2)
+    envs = make_vec([functools.partial(counter, m) for m in (2, 3, 3)], backend=backend, verbose=False,
+                    env_workers=1 if backend == "async" else None, env_threads=1 if backend == "async" else None)
+    try:
+        obs, info = envs.reset()
+        assert np.all(obs == [0, 0, 0]) and info == {}
+        expected = [([1, 1, 1], [1, 2, 3], [False, False, False]), ([2, 2, 2], [1, 2, 3], [True, False, False]),
+                    ([0, 3, 3], [0, 2, 3], [False, True, True]), ([1, 0, 0], [1, 0, 0], [False, False, False]),
+                    ([2, 1, 1], [1, 2, 3], [True, False, False])]
+        for t, (want_obs, want_rewards, want_terminations) in enumerate(expected):
+            obs, rewards, terminations, truncations, info = envs.step([1, 2, 3])
+            assert np.all(obs == want_obs) and np.all(rewards == want_rewards), (t, obs, rewards)
+            assert np.all(terminations == want_terminations) and not truncations.any() and info == {}, (t, terminations, info)
+    finally:
+        envs.close()
+
+
 @pytest.mark.parametrize("backend", FN_BACKENDS)
 def test_autoreset_as_gymnasiums_own_same_step_test_expects(backend):
     # gymnasium's tests/vector/test_autoreset_mode.py::test_autoreset_within_step, with max_count set by the env functions
-    def counter(max_count: int) -> GenericTestEnv:
-        env = GenericTestEnv(action_space=Discrete(5), observation_space=Discrete(5), reset_func=count_reset, step_func=count_step)
-        env.max_count = max_count
-        return env
-
-    envs = make_vec([functools.partial(counter, m) for m in (2, 3, 3)], backend=backend, verbose=False,
+    envs = make_vec([functools.partial(counter, m) for m in (2, 3, 3)], backend=backend, verbose=False, autoreset_mode=SAME_STEP,
                     env_workers=1 if backend == "async" else None, env_threads=1 if backend == "async" else None)
     try:
         obs, info = envs.reset()
@@ -147,13 +204,14 @@ ARRAY_TEST_SPACES = [(s, i) for s, i in zip(TESTING_SPACES, TESTING_SPACES_IDS) 
 OTHER_TEST_SPACES = [(s, i) for s, i in zip(TESTING_SPACES, TESTING_SPACES_IDS) if not isinstance(s, ARRAY_SPACES)]
 
 
+@pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize("backend", FN_BACKENDS)
 @pytest.mark.parametrize("space", [s for s, _ in ARRAY_TEST_SPACES], ids=[i for _, i in ARRAY_TEST_SPACES])
-def test_steps_as_sync_vector_env_on_gymnasiums_test_spaces(space, backend):
+def test_steps_as_sync_vector_env_on_gymnasiums_test_spaces(space, backend, mode):
     fns = generic_fns(space)
     envs = make_vec(fns, backend=backend, verbose=False, env_workers=1 if backend == "async" else None,
-                    env_threads=1 if backend == "async" else None)
-    reference = SyncVectorEnv(fns, autoreset_mode=SAME_STEP)
+                    env_threads=1 if backend == "async" else None, autoreset_mode=mode)
+    reference = SyncVectorEnv(fns, autoreset_mode=mode)
     try:
         assert same_steps(envs, reference, steps=15, seed=7) > 3
     finally:
@@ -161,11 +219,12 @@ def test_steps_as_sync_vector_env_on_gymnasiums_test_spaces(space, backend):
         reference.close()
 
 
+@pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize("action_space", [Box(-1, 1, (2,)), MultiDiscrete([2, 3]), MultiBinary(3)], ids=str)
-def test_steps_as_sync_vector_env_with_other_action_spaces_on_async(action_space):
+def test_steps_as_sync_vector_env_with_other_action_spaces_on_async(action_space, mode):
     fns = generic_fns(Box(0, 1, (3,)), action_space=action_space)
-    envs = make_vec(fns, backend="async", verbose=False, env_workers=1, env_threads=1)
-    reference = SyncVectorEnv(fns, autoreset_mode=SAME_STEP)
+    envs = make_vec(fns, backend="async", verbose=False, env_workers=1, env_threads=1, autoreset_mode=mode)
+    reference = SyncVectorEnv(fns, autoreset_mode=mode)
     try:
         assert same_steps(envs, reference, steps=10) > 0
     finally:
@@ -179,12 +238,13 @@ def test_structured_observations_are_refused_with_the_fix(space):
         make_vec(generic_fns(space), backend="sync", verbose=False)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize("backend", ["sync", "async", "auto"])
-def test_cartpole_env_functions_step_as_sync_vector_env_with_episode_statistics(backend, capsys):
+def test_cartpole_env_functions_step_as_sync_vector_env_with_episode_statistics(backend, mode, capsys):
     # gymnasium's own tests/vector/testing_utils.py make_env, with CleanRL's per-env RecordEpisodeStatistics
     fns = [lambda i=i: gym.wrappers.RecordEpisodeStatistics(make_env("CartPole-v1", i)()) for i in range(4)]
-    envs = make_vec(fns, backend=backend)
-    reference = SyncVectorEnv(fns, autoreset_mode=SAME_STEP)
+    envs = make_vec(fns, backend=backend, autoreset_mode=mode)
+    reference = SyncVectorEnv(fns, autoreset_mode=mode)
     try:
         if backend == "auto":
             assert "env backend: " in capsys.readouterr().out and envs.backend_reason.startswith("auto: ")
@@ -194,11 +254,12 @@ def test_cartpole_env_functions_step_as_sync_vector_env_with_episode_statistics(
         reference.close()
 
 
+@pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize("backend", ["sync", "async"])
-def test_vector_episode_statistics_wrapper_reads_make_vec_as_it_reads_sync_vector_env(backend):
+def test_vector_episode_statistics_wrapper_reads_make_vec_as_it_reads_sync_vector_env(backend, mode):
     fns = [functools.partial(gym.make, "CartPole-v1") for _ in range(3)]
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(make_vec(fns, backend=backend, verbose=False))
-    reference = gym.wrappers.vector.RecordEpisodeStatistics(SyncVectorEnv(fns, autoreset_mode=SAME_STEP))
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(make_vec(fns, backend=backend, verbose=False, autoreset_mode=mode))
+    reference = gym.wrappers.vector.RecordEpisodeStatistics(SyncVectorEnv(fns, autoreset_mode=mode))
     try:
         envs.reset(seed=1)
         reference.reset(seed=1)
@@ -219,10 +280,11 @@ def test_vector_episode_statistics_wrapper_reads_make_vec_as_it_reads_sync_vecto
         reference.close()
 
 
+@pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize("backend", ["sync", "async", "auto"])
-def test_env_id_steps_as_sync_vector_env_of_fleetrls_own_envs(backend):
-    envs = make_vec("CartPole-v1", 3, backend, verbose=False)
-    reference = SyncVectorEnv([EnvFactory("CartPole-v1", "classic") for _ in range(3)], autoreset_mode=SAME_STEP)
+def test_env_id_steps_as_sync_vector_env_of_fleetrls_own_envs(backend, mode):
+    envs = make_vec("CartPole-v1", 3, backend, verbose=False, autoreset_mode=mode)
+    reference = SyncVectorEnv([EnvFactory("CartPole-v1", "classic") for _ in range(3)], autoreset_mode=mode)
     try:
         assert same_steps(envs, reference, steps=150, seed=3) >= 3
     finally:
@@ -231,10 +293,11 @@ def test_env_id_steps_as_sync_vector_env_of_fleetrls_own_envs(backend):
 
 
 @pytest.mark.needs("mujoco", "mujoco")
+@pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize("backend", ["sync", "async"])
-def test_mujoco_env_steps_as_sync_vector_env(backend):
-    envs = make_vec("InvertedPendulum-v5", 2, backend, verbose=False)
-    reference = SyncVectorEnv([EnvFactory("InvertedPendulum-v5", "mujoco") for _ in range(2)], autoreset_mode=SAME_STEP)
+def test_mujoco_env_steps_as_sync_vector_env(backend, mode):
+    envs = make_vec("InvertedPendulum-v5", 2, backend, verbose=False, autoreset_mode=mode)
+    reference = SyncVectorEnv([EnvFactory("InvertedPendulum-v5", "mujoco") for _ in range(2)], autoreset_mode=mode)
     try:
         assert same_steps(envs, reference, steps=60, seed=5) >= 2
     finally:
@@ -243,10 +306,11 @@ def test_mujoco_env_steps_as_sync_vector_env(backend):
 
 
 @pytest.mark.needs("ale_py", "atari")
+@pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize("backend", ["sync", "async"])
-def test_atari_id_steps_as_sync_vector_env_with_fleetrls_atari_chain(backend):
-    envs = make_vec("BreakoutNoFrameskip-v4", 2, backend, verbose=False)
-    reference = SyncVectorEnv([EnvFactory("BreakoutNoFrameskip-v4", "atari") for _ in range(2)], autoreset_mode=SAME_STEP)
+def test_atari_id_steps_as_sync_vector_env_with_fleetrls_atari_chain(backend, mode):
+    envs = make_vec("BreakoutNoFrameskip-v4", 2, backend, verbose=False, autoreset_mode=mode)
+    reference = SyncVectorEnv([EnvFactory("BreakoutNoFrameskip-v4", "atari") for _ in range(2)], autoreset_mode=mode)
     try:
         assert envs.single_observation_space.shape == (4, 84, 84)
         assert same_steps(envs, reference, steps=120, seed=2) >= 1  # a lost life ends a training episode
@@ -263,7 +327,7 @@ def test_cpp_backends_keep_gymnasiums_same_step_conventions(backend, env_id, nee
     from conftest import require_module
 
     require_module(needs, "atari" if needs == "ale_py" else "envpool")
-    envs = make_vec(env_id, 4, backend, verbose=False)
+    envs = make_vec(env_id, 4, backend, verbose=False, autoreset_mode=SAME_STEP)
     try:
         assert isinstance(envs, FleetVectorEnv) and envs.backend == backend
         obs, info = envs.reset(seed=0)
@@ -289,6 +353,158 @@ def test_cpp_backends_keep_gymnasiums_same_step_conventions(backend, env_id, nee
         assert finals > 0 and episodes > 0
     finally:
         envs.close()
+
+
+@pytest.mark.parametrize("backend, needs", [("ale", "ale_py"), ("envpool", "envpool")])
+def test_cpp_backends_in_next_step_mode_ignore_the_reset_steps_action_and_count_only_the_agents_steps(backend, needs):
+    # two vectors with one seed get the same actions but at reset steps, where one gets others: if a reset step took
+    # the action, the two would part there. training=False: every end is a game over, which the C++ env resets itself
+    from conftest import require_module
+
+    require_module(needs, "atari" if needs == "ale_py" else "envpool")
+    a = make_vec("BreakoutNoFrameskip-v4", 4, backend, verbose=False, training=False)
+    b = make_vec("BreakoutNoFrameskip-v4", 4, backend, verbose=False, training=False)
+    try:
+        assert a.metadata["autoreset_mode"] == NEXT_STEP
+        obs_a, _ = a.reset(seed=1)
+        obs_b, _ = b.reset(seed=1)
+        assert np.array_equal(obs_a, obs_b)
+        rng, n = np.random.default_rng(0), a.single_action_space.n
+        resetting, steps, reset_steps, lengths = np.zeros(4, bool), np.zeros(4, np.int64), 0, []
+        for _ in range(700):
+            actions = rng.integers(0, n, 4)
+            out_a = a.step(actions)
+            out_b = b.step(np.where(resetting, (actions + 1) % n, actions))
+            for x, y in zip(out_a[:4], out_b[:4]):
+                assert np.array_equal(x, y)
+            obs, reward, terminated, truncated, info = out_a
+            assert not (reward[resetting].any() or terminated[resetting].any() or truncated[resetting].any())
+            steps += ~resetting  # the steps the agent acted in
+            done = terminated | truncated
+            if "_episode" in info:
+                assert np.array_equal(info["_episode"], done)
+                lengths += [(int(info["episode"]["l"][i]), int(steps[i])) for i in np.flatnonzero(done)]
+            reset_steps += int(resetting.sum())
+            steps[done] = 0
+            resetting = done
+        assert reset_steps > 0 and lengths and all(l == acted for l, acted in lengths), lengths
+    finally:
+        a.close()
+        b.close()
+
+
+def test_next_step_on_envpool_runs_atari_only_and_names_the_fix():
+    with pytest.raises(FleetError, match=r"only Atari games have one.*SAME_STEP.*backend='sync' or 'async'"):
+        make_vec("CartPole-v1", 2, "envpool", verbose=False)
+
+
+LEAVE_EARLY = "fleetrl_test_games.leave_early"  # tests/fleetrl_test_games: the quitter leaves at step 3, the game ends at 8
+
+
+@pytest.mark.parametrize("backend", FN_BACKENDS)
+def test_a_pettingzoo_id_gives_the_live_rows_in_same_step_mode(backend):
+    envs = make_vec(LEAVE_EARLY, 2, backend, verbose=False, autoreset_mode=SAME_STEP)  # rows: stayer, quitter
+    try:
+        envs.reset(seed=0)
+        quitter, episodes = [], []
+        for _ in range(16):  # two games
+            obs, reward, terminated, truncated, info = envs.step(np.zeros(2, np.int64))
+            assert ("live" in info) == ("_live" in info)
+            live = info.get("live", np.ones(2, bool))
+            assert live[0], "the stayer plays every step"
+            quitter.append(bool(live[1]))
+            if "_final_info" in info and "_episode" in info["final_info"]:
+                done = info["final_info"]["_episode"]
+                episodes += [(i, float(info["final_info"]["episode"]["r"][i]), int(info["final_info"]["episode"]["l"][i]))
+                             for i in np.flatnonzero(done)]
+        game = [True, True, False, False, False, False, False, True]  # leaves on step 3, back when the game restarts
+        assert quitter == game * 2
+        assert episodes == [(1, 3.0, 3), (0, 8.0, 8)] * 2
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("backend", FN_BACKENDS)
+def test_a_pettingzoo_id_in_next_step_mode_ends_a_game_then_takes_its_reset_step(backend):
+    envs = make_vec(LEAVE_EARLY, 2, backend, verbose=False)  # rows: stayer, quitter; NEXT_STEP, gymnasium's default
+    try:
+        envs.reset(seed=0)
+        lives, rewards, episodes, clocks = [], [], [], []
+        for t in range(17):  # game steps 1-8, the reset step, game steps 1-8
+            obs, reward, terminated, truncated, info = envs.step(np.zeros(2, np.int64))
+            lives.append(info.get("live", np.ones(2, bool)).tolist())
+            rewards.append(reward.tolist())
+            clocks.append(obs[:, 0].tolist())  # the observation's first entry counts the game's steps (of 8)
+            if "_episode" in info:
+                episodes += [(t + 1, i, float(info["episode"]["r"][i]), int(info["episode"]["l"][i]))
+                             for i in np.flatnonzero(info["_episode"])]
+            if t == 7:  # the game's end: the stayer's last observation, the gone quitter's zeros; no agent acts next
+                assert truncated.tolist() == [True, False] and not terminated.any()
+                assert clocks[-1] == [1.0, 0.0] and lives[-1] == [False, False]
+            if t == 8:  # the reset step: the game's first observations, no reward, no flags
+                assert clocks[-1] == [0.0, 0.0] and rewards[-1] == [0.0, 0.0] and not (terminated | truncated).any()
+        game = [[True, True]] * 2 + [[True, False]] * 5 + [[False, False]]
+        assert lives == game + [[True, True]] + game
+        assert episodes == [(3, 1, 3.0, 3), (8, 0, 8.0, 8), (12, 1, 3.0, 3), (17, 0, 8.0, 8)], "each agent's own steps"
+    finally:
+        envs.close()
+
+
+# ---- a gymnasium 1.x script, changed in the line that builds its envs ------------------------------------------
+
+# A replay-buffer loop as gymnasium 1.x's own docs write it for its default, NEXT_STEP (farama.org/Vector-Autoreset-Mode):
+# the step after an episode ends is a reset, so it stores no transition there
+GYMNASIUM_1X_SCRIPT = """
+import gymnasium as gym
+import numpy as np
+
+
+def make_env():
+    return gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
+
+
+def main(seed, steps):
+    envs = gym.vector.SyncVectorEnv([make_env for _ in range(4)])
+    obs, info = envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    autoreset = np.zeros(envs.num_envs, dtype=bool)
+    transitions, episodes = [], []
+    for _ in range(steps):
+        actions = envs.action_space.sample()
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        for j in range(envs.num_envs):
+            if not autoreset[j]:
+                transitions.append((obs[j].tolist(), int(actions[j]), float(rewards[j]), bool(terminations[j]), next_obs[j].tolist()))
+        if "episode" in infos:
+            for j in np.flatnonzero(infos["_episode"]):
+                episodes.append((int(j), float(infos["episode"]["r"][j]), int(infos["episode"]["l"][j])))
+        obs, autoreset = next_obs, np.logical_or(terminations, truncations)
+    envs.close()
+    return transitions, episodes
+"""
+
+
+def run_script(text: str, name: str):
+    # a module of its own name that Python cannot import: cloudpickle sends its functions to async workers by value
+    namespace = {"__name__": name}
+    exec(compile(text, name, "exec"), namespace)  # noqa: S102 - the test's own script
+    return namespace["main"](seed=5, steps=300)
+
+
+@pytest.mark.parametrize("backend", ["auto", "async"])
+def test_a_gymnasium_1x_script_runs_on_make_vec_changed_in_one_line_with_the_same_episodes(backend):
+    line = "    envs = gym.vector.SyncVectorEnv([make_env for _ in range(4)])\n"
+    ours = GYMNASIUM_1X_SCRIPT.replace(line, line.replace("gym.vector.SyncVectorEnv(", "make_vec(").replace(
+        "range(4)]", f"range(4)], backend={backend!r}" if backend != "auto" else "range(4)]"))
+    ours = ours.replace("import numpy as np\n", "import numpy as np\nfrom fleetrl.envs import make_vec\n")
+    added = [x for x in ours.splitlines() if x not in GYMNASIUM_1X_SCRIPT.splitlines()]
+    removed = [x for x in GYMNASIUM_1X_SCRIPT.splitlines() if x not in ours.splitlines()]
+    assert removed == [line.rstrip("\n")] and added[0] == "from fleetrl.envs import make_vec" and len(added) == 2, (added, removed)
+    transitions, episodes = run_script(GYMNASIUM_1X_SCRIPT, "gymnasium_1x_script")
+    our_transitions, our_episodes = run_script(ours, "gymnasium_1x_script_on_make_vec")
+    assert len(episodes) >= 20 and 0 < 4 * 300 - len(transitions) <= len(episodes), "a reset step stores no transition"
+    assert our_episodes == episodes
+    assert our_transitions == transitions
 
 
 # ---- bad input and errors ---------------------------------------------------------------------------------------
@@ -327,8 +543,9 @@ def test_an_env_error_is_raised_in_the_caller_and_close_leaves_no_process(backen
     before = children()
     fns = [functools.partial(GenericTestEnv, step_func=broken_step) for _ in range(2)]
     envs = make_vec(fns, backend=backend, verbose=False)
-    workers = list(envs.fleet_envs.worker_pids) if backend == "async" else []
-    assert all(psutil.pid_exists(pid) for pid in workers)
+    started = started_by_the_vector(before)
+    workers = set(envs.fleet_envs.worker_pids) if backend == "async" else set()
+    assert started == workers and len(running(workers)) == len(workers), "the vector's processes are its workers"
     envs.reset(seed=0)
     envs.step(envs.action_space.sample())
     envs.step(envs.action_space.sample())
@@ -336,17 +553,17 @@ def test_an_env_error_is_raised_in_the_caller_and_close_leaves_no_process(backen
         envs.step(envs.action_space.sample())
     envs.close()
     assert envs.closed
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in workers)
-    assert_no_new_processes(before)
+    assert not running(started), f"left running after close(): {running(started)}"
 
 
 def test_close_stops_every_async_worker():
     before = children()
     envs = make_vec(generic_fns(Box(0, 1, (2,)), n=4), backend="async", verbose=False, env_workers=2, env_threads=1)
     envs.reset(seed=0)
-    assert len(children() - before) >= 2
+    started = started_by_the_vector(before)
+    assert started == set(envs.fleet_envs.worker_pids) and len(running(started)) == 2
     envs.close()
-    assert_no_new_processes(before)
+    assert not running(started), f"left running after close(): {running(started)}"
 
 
 # ---- CleanRL's own scripts on make_vec ------------------------------------------------------------------------
@@ -398,15 +615,31 @@ def test_cleanrls_ppo_trains_on_make_vec(cleanrl_scripts):
 
 @pytest.mark.slow
 @pytest.mark.needs("mujoco", "mujoco")
-def test_cleanrls_ppo_continuous_action_trains_on_make_vec(cleanrl_scripts):
-    out = run_cleanrl(cleanrl_scripts, "ppo_continuous_action_make_vec.py", "--env-id", "InvertedPendulum-v5", "--total-timesteps",
-                      "2048", "--num-steps", "512")
-    assert "env backend: " in out and "SPS:" in out and "episodic_return=" in out
+def test_cleanrls_ppo_continuous_action_learns_from_the_same_episodes_on_make_vec_as_on_sync_vector_env(cleanrl_scripts):
+    # one seed on both: make_vec hands the script what SyncVectorEnv does, so with torch's deterministic CPU kernels the
+    # learner's every episode is the same (printing "episodic_return=" alone would hold for any data)
+    args = ("--env-id", "InvertedPendulum-v5", "--total-timesteps", "2048", "--num-steps", "512", "--seed", "4")
+    out = run_cleanrl(cleanrl_scripts, "ppo_continuous_action_make_vec.py", *args)
+    run_cleanrl(cleanrl_scripts, "ppo_continuous_action_gym_sync.py", *args)
+    assert "env backend: " in out and "SPS:" in out
+    ours, theirs = (sorted((cleanrl_scripts / "runs").glob(f"InvertedPendulum-v5__ppo_continuous_action_{variant}__4__*"))[-1]
+                    for variant in ("make_vec", "gym_sync"))
+    for tag in ("charts/episodic_return", "charts/episodic_length", "losses/value_loss"):
+        assert tensorboard_scalars(ours, tag) == tensorboard_scalars(theirs, tag), tag
+    assert len(tensorboard_scalars(ours, "charts/episodic_return")) >= 10
 
 
 @pytest.mark.slow
 @pytest.mark.needs("ale_py", "atari")
-def test_cleanrls_ppo_atari_trains_on_make_vec_with_ale(cleanrl_scripts):
-    out = run_cleanrl(cleanrl_scripts, "ppo_atari_make_vec.py", "--total-timesteps", "1024", "--num-envs", "8",
-                      "--num-steps", "128", "--update-epochs", "1")
+def test_cleanrls_ppo_atari_logs_whole_games_on_make_vec_with_ale(cleanrl_scripts):
+    # long enough for random Breakout games to end (about 200 agent steps each): the script's logging reads make_vec's
+    # final_info, so a game over reaches its TensorBoard (384 steps of 8 envs, 3 iterations)
+    out = run_cleanrl(cleanrl_scripts, "ppo_atari_make_vec.py", "--total-timesteps", "3072", "--num-envs", "8",
+                      "--num-steps", "128", "--update-epochs", "1", "--seed", "2")
     assert "env backend: ale (auto: " in out and "SPS:" in out
+    run = sorted((cleanrl_scripts / "runs").glob("BreakoutNoFrameskip-v4__ppo_atari_make_vec__2__*"))[-1]
+    returns, lengths = tensorboard_scalars(run, "charts/episodic_return"), tensorboard_scalars(run, "charts/episodic_length")
+    assert len(returns) == len(lengths) >= 4, (returns, lengths)
+    # whole games, as fleetrl's statistics count them (5 lives), not the lives that episodic life ends in training
+    assert all(length >= 50 for length in lengths) and all(r >= 0 and r == int(r) for r in returns), (returns, lengths)
+    assert len(tensorboard_scalars(run, "charts/SPS")) == 3
