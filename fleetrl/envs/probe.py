@@ -15,11 +15,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 
+from fleetrl.envs.bounded import ProbeHung, Watch, run_bounded  # noqa: F401 - the probes' deadlines, below the registry
 from fleetrl.envs.registry import EnvFactory, EnvFamily
 from fleetrl.envs.wrappers import game_over
 from fleetrl.errors import EnvOutputError, FleetError
@@ -28,75 +29,10 @@ PROBE_SECONDS = 1.0  # the longest a step probe runs (it stops earlier at PROBE_
 PROBE_MAX_STEPS = 2000
 THREAD_CHECK_STEPS = 12  # steps each copy takes in the thread-safety check
 ENV_TIMEOUT_S = 60.0  # what one env call of a probe may take when the caller gives no --env-timeout (its default)
-WATCH_POLL_S = 0.05  # how often the caller checks the probe's calls against their deadlines
-
-T = TypeVar("T")
-
-
-class ProbeHung(FleetError):
-    """A call of the env in a probe gave no answer within its time (an env that hangs)."""
-
-    def __init__(self, what: str, timeout: float):
-        super().__init__(f"its {what} gave no answer within {timeout:g} s")
-        self.what, self.timeout = what, timeout
 
 
 class ProbeFailed(FleetError):
     """The env raised in a probe where the probe cannot measure around it (the thread-safety check's runs alone)."""
-
-
-class Watch:
-    """The deadlines of the env calls that a probe's threads are in: the probe makes each call through :meth:`call`, and
-    :func:`run_bounded` gives up on the probe when one of them is overdue."""
-
-    def __init__(self, env_timeout: float | None):
-        from fleetrl.envs.shm.supervisor import MIN_BUILD_TIMEOUT_S  # the time an env worker gets to build its envs
-
-        self.env_timeout = env_timeout or None  # 0 or None: wait forever, as --env-timeout 0 asks
-        self.build_timeout = max(env_timeout, MIN_BUILD_TIMEOUT_S) if env_timeout else None
-        self._calls: dict[int, tuple[float, str, float]] = {}  # thread ident -> (deadline, what, timeout)
-
-    def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)``, an env call named ``what`` ("construction", "reset", "step"), under its deadline."""
-        timeout = self.build_timeout if what == "construction" else self.env_timeout
-        if timeout is None:
-            return fn(*args, **kwargs)
-        me = threading.get_ident()
-        self._calls[me] = (time.monotonic() + timeout, what, timeout)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self._calls.pop(me, None)
-
-    def overdue(self) -> ProbeHung | None:
-        now = time.monotonic()
-        for deadline, what, timeout in list(self._calls.values()):
-            if now > deadline:
-                return ProbeHung(what, timeout)
-        return None
-
-
-def run_bounded(probe: Callable[[Watch], T], env_timeout: float | None, name: str = "fleetrl-env-probe") -> T:
-    """``probe(watch)`` in a daemon thread: its result or its error, or :class:`ProbeHung` as soon as one of the env calls
-    it makes through ``watch`` is overdue (the thread is then left behind, see the module's docstring)."""
-    watch, outcome = Watch(env_timeout), {}
-
-    def target() -> None:
-        try:
-            outcome["result"] = probe(watch)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(WATCH_POLL_S)
-        hung = watch.overdue()
-        if hung is not None and thread.is_alive():
-            raise hung
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Callable, TypeVar
 import gymnasium as gym
 
 from fleetrl.envs import atari, partial  # noqa: F401  (partial registers CartPoleNoVel-v1)
+from fleetrl.envs.bounded import ProbeHung, run_bounded
 from fleetrl.envs.multiagent import GameEnv, is_atari_game, is_pettingzoo_id
 from fleetrl.envs.spaces import check_action_space
 from fleetrl.envs.wrappers import CheckOutputs, EpisodeStats
@@ -116,9 +117,7 @@ MULTIAGENT_FAMILIES = ("multiagent", "multiagent-image")  # PettingZoo games: ve
 def read_built(make: Callable[[], gym.Env], read: Callable[[gym.Env], T], env_id: str, env_timeout: float | None = ENV_TIMEOUT_S) -> T:
     """``read(env)`` of an env built with ``make`` only for that (its spaces), then closed; the build gets as long as an
     env worker's (``env_timeout``, at least 30 s; 0 or None: forever), the read and the close ``env_timeout``. An env
-    that hangs there ends it in one paragraph, its thread left behind until the process exits (fleetrl/envs/probe.py)."""
-    from fleetrl.envs.probe import ProbeHung, run_bounded  # it builds on this module
-
+    that hangs there ends it in one paragraph, its thread left behind until the process exits (fleetrl/envs/bounded.py)."""
     def build_and_read(watch) -> T:
         env = watch.call("construction", make)
         try:
