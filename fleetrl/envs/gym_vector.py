@@ -29,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from fleetrl.cores import available_cores
+from fleetrl.envs.wrappers import game_over
 from fleetrl.errors import FleetError
 
 MAKE_VEC_BACKENDS = ("auto", "sync", "async", "ale", "envpool")  # gym-sync and gym-async are gymnasium's own classes
@@ -69,7 +70,7 @@ class NextStepReset(gym.Wrapper):
                 return obs, 0.0, False, False, info
             return obs, np.zeros(self._rows), np.zeros(self._rows, bool), np.zeros(self._rows, bool), info
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self._ended = bool(np.all(np.logical_or(terminated, truncated)))  # a game: over when every agent's row has ended
+        self._ended = game_over(terminated, truncated)  # as the backends decide to reset it (a game: every agent's row)
         return obs, reward, terminated, truncated, info
 
 
@@ -245,7 +246,7 @@ class FleetVectorEnv(gym.vector.VectorEnv):
                          f"Pass reset(seed=s) for seeds s, s+1, ..., or seed each env inside its env function.")
 
     def __repr__(self) -> str:
-        return f"FleetVectorEnv(backend={self.backend!r}, num_envs={self.num_envs})"
+        return f"FleetVectorEnv(backend={self.backend!r}, num_envs={self.num_envs}, autoreset_mode={self.autoreset_mode.name})"
 
 
 def make_vec(
