@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,17 +37,24 @@ BATCH = 4 * 128  # classic control's default batch: 4 envs (2 a rank) x 128 step
 # the same observation every step and no episode end, so a resumed run sees what an uninterrupted one sees; fp32 and
 # one thread, since --precision auto and the thread plan measure and decide, and two runs could decide differently
 TRAIN = ["ppo", "--env-id", "fleetrl_test_envs:Stateless-v0", "--env-backend", "sync", "--precision", "fp32", "--no-cuda", "--torch-threads", "1"]
+# Stateless-v0 whose steps sleep 5 ms: an iteration (2 envs a rank x 128 steps) takes at least 1.28 s however fast the host,
+# so a run stopped right after a checkpoint is stopped well before its end (plain Stateless-v0 at the 20k SPS of a fast host
+# trains 24 iterations in under a second: it could end between two polls)
+SLOW = "fleetrl_test_envs:SlowStateless-v0"
 
 
 @pytest.fixture
 def submit_training(slurm_cluster, tmp_path):
-    """``submit_training(iterations, *flags)``: docs/slurm/train.sbatch on two nodes, training ``iterations`` iterations
-    into ``tmp_path/run``; returns (job id, run dir). Each job it submitted is ended for good as the test ends, however
-    it ends (a requeued job waits to start again: it is cancelled too): a failed test leaves no job holding the nodes."""
-    def submit(iterations: int, *extra: str) -> tuple[str, Path]:
+    """``submit_training(iterations, *flags, env_id=...)``: docs/slurm/train.sbatch on two nodes, training ``iterations``
+    iterations on ``env_id`` (Stateless-v0) into ``tmp_path/run``; returns (job id, run dir). Each job it submitted is ended
+    for good as the test ends, however it ends (a requeued job waits to start again: it is cancelled too): a failed test
+    leaves no job holding the nodes."""
+    def submit(iterations: int, *extra: str, env_id: str = "") -> tuple[str, Path]:
         run_dir = tmp_path / "run"
         env = {**fleetrl_env(), "FLEETRL_PYTHON": sys.executable}
-        job = slurm_cluster.submit(TRAIN_SCRIPT, *TRAIN, "--total-timesteps", str(iterations * BATCH), "--run-dir", str(run_dir),
+        train = list(TRAIN)
+        train[train.index("--env-id") + 1] = env_id or train[train.index("--env-id") + 1]
+        job = slurm_cluster.submit(TRAIN_SCRIPT, *train, "--total-timesteps", str(iterations * BATCH), "--run-dir", str(run_dir),
                                    *extra, cwd=tmp_path, env=env)
         return job, run_dir
 
@@ -201,8 +209,8 @@ def test_a_two_node_job_trains_to_its_total_and_ends_bit_identical_to_two_proces
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_killed_node_ends_the_job_with_fleetrls_message_and_a_requeue_resumes_it_to_its_total(slurm_cluster, submit_training):
-    iterations = 24  # the kill comes right after the first checkpoint (iteration 4), well before the end
-    job, run_dir = submit_training(iterations, "--checkpoint-every", "4")
+    iterations = 12  # the kill comes right after the first checkpoint (iteration 4): the 8 iterations left take over 10 s
+    job, run_dir = submit_training(iterations, "--checkpoint-every", "4", env_id=SLOW)
     wait_for_checkpoint_after(slurm_cluster, job, run_dir, 0)
     victims = training_processes(slurm_cluster, "node2")
     assert victims, "node2 runs a torchrun launcher and its rank"
@@ -233,8 +241,9 @@ def test_usr1_and_scontrol_requeue_each_checkpoint_and_the_requeued_job_resumes_
         slurm_cluster, submit_training):
     # the two ways a job is stopped for later: USR1 to the batch script (what --signal=B:USR1@120 sends before the time
     # limit), which requeues the job itself; and scontrol requeue (or a preemption), which sends SIGTERM to everything
-    iterations = 40  # each stop comes right after a checkpoint (every 4 iterations): the second by iteration ~16
-    job, run_dir = submit_training(iterations, "--checkpoint-every", "4")
+    # each stop comes right after a checkpoint (every 4 iterations): the second by iteration ~10; the 10 left take over 12 s
+    iterations = 20
+    job, run_dir = submit_training(iterations, "--checkpoint-every", "4", env_id=SLOW)
     stops = []
 
     def stopped_at(info: dict[str, str]) -> list[int]:
@@ -363,11 +372,18 @@ def test_a_benchmark_array_on_the_two_nodes_summarises_exactly_as_a_local_run_of
     print(f"benchmark array of 4 tasks (and the local pool beside it): {took} s")
     assert proc.returncode == 0, output
     assert local.returncode == 0, local_output
-    # the live view: each task's state as it changed, and the array's counts
+    # the live view: each task's end, and the array's counts. A task shorter than the 2 s poll can go from PENDING to
+    # COMPLETED between two polls, so RUNNING is only checked where it was seen (the next test's tasks wait, and show it):
+    # before the end, on the node the task ended on. Each task says itself that it ran: its Slurm output names its run
     job = json.loads((out / "benchmark.slurm.json").read_text())["job_id"]
     for task in range(4):
-        assert re.search(rf"task {job}_{task} \(CartPole-v[01] seed [12]\): RUNNING on node[12]", output), output
-        assert re.search(rf"task {job}_{task} \(CartPole-v[01] seed [12]\): COMPLETED on node[12]", output), output
+        label = rf"task {job}_{task} \((CartPole-v[01]) seed ([12])\)"
+        (completed,) = re.finditer(rf"{label}: COMPLETED on (node[12])", output)
+        for running in re.finditer(rf"{label}: RUNNING on (node[12])", output):
+            assert running.start() < completed.start() and running.group(3) == completed.group(3), output
+        env_id, seed, _node = completed.groups()
+        said = (out / "logs" / f"slurm_{job}_{task}.out").read_text()
+        assert f"{env_id} seed {seed}: exit code 0 after" in said, said
     assert f"array {job}: 4 COMPLETED" in output
     assert set(re.findall(r"COMPLETED on (node\d)", output)) == {"node1", "node2"}, "the tasks ran on both nodes"
     # collected as a local run collects them: the same summary, and the same final return for every run
@@ -411,6 +427,29 @@ while not (env_id == "Finishes-v0" and os.path.exists(go)):
 """]
 
 
+class OutputSoFar:
+    """A process's output (stdout, with stderr in it) read on a thread as it comes, so a test can wait for a line of it
+    while the process runs."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.lines = proc, []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float) -> str:
+        """The whole output, once the process has ended."""
+        self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=timeout)
+        return self.text()
+
+
 def wait_until(condition, timeout: float, what: str, output_of: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -441,20 +480,24 @@ def test_benchmark_tasks_fail_with_their_exit_code_and_log_a_requeue_keeps_the_l
         return [i for i, line in enumerate(log(name)) if line.startswith(start)]
 
     follower = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    live = OutputSoFar(follower)
     with killed_on_exit(follower):
         wait_until(lambda: (out / "benchmark.slurm.json").exists(), 60, "the array's submission", follower)
         job = json.loads((out / "benchmark.slurm.json").read_text())["job_id"]
-        # task 0 (Bad-v0) fails; then the others run, one on each node
+        # task 0 (Bad-v0) fails; then the others run, one on each node, and wait: long enough for the live view to show them
+        # running (the benchmark test's tasks may end between two of its polls)
         wait_until(lambda: said("Finishes-v0", "started Finishes-v0") and said("Waits-v0", "started Waits-v0"), 60,
                    "both waiting runs to start", follower)
         assert state(0)["JobState"] == "FAILED"
+        wait_until(lambda: all(re.search(rf"task {job}_{task} \({name} seed 1\): RUNNING on node[12]", live.text())
+                               for task, name in ((1, "Finishes-v0"), (2, "Waits-v0"))), 60, "the live view to show both running", follower)
         # a requeue (as a preemption does): SIGTERM, and the task runs again after cred_expire, its log kept
         slurm_cluster.slurm("scontrol", "requeue", f"{job}_1")
         wait_until(lambda: len(said("Finishes-v0", "started Finishes-v0")) == 2, 60, "the requeued task to start again", follower)
         # a plain scancel ends a task for good: the script's SIGTERM trap no longer requeues it
         slurm_cluster.slurm("scancel", f"{job}_2")
         (out / "go").touch()
-        output = follower.communicate(timeout=60)[0]
+        output = live.wait(timeout=60)
     assert follower.returncode == 1, output
     assert state(1)["JobState"] == "COMPLETED" and state(1)["Restarts"] == "1"
     assert state(2)["JobState"] == "CANCELLED" and state(2)["Restarts"] == "0", "scancel cancelled the task, not requeued it"
