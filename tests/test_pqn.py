@@ -1,6 +1,8 @@
 """PQN: CleanRL's loop step for step (actions, Q(lambda) returns, losses bit for bit), the Q(lambda) recurrence at episode
-ends, time limits and in first-ready batches, CartPole learned on a small budget, an exact resume after SIGTERM, greedy
-deterministic evaluation, the sampler's modes, and clear refusals. Real envs, real learning."""
+ends, time limits and in first-ready batches, the weights each rollout acted with (the latest update, whatever order a
+copy of pqn.py builds the engine in, and what each sampler mode promises), channels-last weights kept, CartPole learned
+on a small budget, an exact resume after SIGTERM, greedy evaluation of the checkpoint, and clear refusals. Real envs,
+real learning."""
 
 from __future__ import annotations
 
