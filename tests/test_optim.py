@@ -137,6 +137,19 @@ def test_radam_keeps_channels_last_weights_channels_last_and_steps_them_as_torch
     assert [p.stride() for p in ours.parameters()] == strides == [p.grad.stride() for p in ours.parameters()]
     assert _same(ours, theirs)
 
+    # a checkpoint of them (through torch.save) resumes into a fresh channels-last network, which goes on identically
+    buffer = io.BytesIO()
+    torch.save({"model": ours.state_dict(), "optimizer": ours_opt.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    resumed = _cnn().to(memory_format=torch.channels_last)
+    resumed.load_state_dict(saved["model"])
+    resumed_opt = optim.RAdam(resumed.parameters(), lr=1e-3)
+    resumed_opt.load_state_dict(saved["optimizer"])
+    _cnn_updates(resumed, resumed_opt, 3, seed=2)
+    _cnn_updates(theirs, theirs_opt, 3, seed=2)
+    assert [p.stride() for p in resumed.parameters()] == strides and _same(resumed, theirs)
+
 
 def test_radam_updates_the_parameters_in_place_so_what_captured_them_before_it_acts_with_every_update():
     # the acting engine captures detached views of the parameters when the sampler is built (fleetrl/sampling/acting.py
