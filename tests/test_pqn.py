@@ -232,6 +232,7 @@ def test_first_ready_batches_and_the_lagged_sampler_act_with_the_weights_their_m
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_choice
 @pytest.mark.timeout(300)
 def test_an_atari_run_trains_and_checkpoints_channels_last_weights_when_channels_last_is_chosen(tmp_path, capsys):
     # the start-up line and the checkpoint's record of the choice (remembered accel) say channels-last: the weights the
