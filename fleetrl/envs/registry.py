@@ -118,6 +118,7 @@ def read_built(make: Callable[[], gym.Env], read: Callable[[gym.Env], T], env_id
     """``read(env)`` of an env built with ``make`` only for that (its spaces), then closed; the build gets as long as an
     env worker's (``env_timeout``, at least 30 s; 0 or None: forever), the read and the close ``env_timeout``. An env
     that hangs there ends it in one paragraph, its thread left behind until the process exits (fleetrl/envs/bounded.py)."""
+
     def build_and_read(watch) -> T:
         env = watch.call("construction", make)
         try:
