@@ -29,6 +29,7 @@ from conftest import (assert_same_learner, fleetrl_env, fleetrl_frames, python_i
                       start_fleetrl, tmpfs)
 
 STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync"]
+SLOW_STATELESS = ["--env-id", "fleetrl_test_envs:SlowStateless-v0", *STATELESS[2:]]  # for a signal that must land mid-run
 BATCH = 4 * 128  # classic control's default batch
 
 
@@ -331,7 +332,8 @@ def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_a
 @pytest.mark.slow
 def test_ctrl_c_checkpoints_and_exits_130(tmp_path):
     run_dir = tmp_path / "run"
-    proc = start_fleetrl("train", "ppo", *STATELESS, "--total-timesteps", str(400 * BATCH), "--checkpoint-every", "1000",
+    # 5 ms a step: an iteration takes 2.5 s however fast the host is, so the signal always lands mid-run
+    proc = start_fleetrl("train", "ppo", *SLOW_STATELESS, "--total-timesteps", str(400 * BATCH), "--checkpoint-every", "1000",
                          "--run-dir", str(run_dir))
     try:
         wait_for(lambda: (run_dir / "checkpoints").exists() or any(run_dir.glob("events.out.tfevents.*")), proc, what="the run to start")
@@ -348,7 +350,7 @@ def test_ctrl_c_checkpoints_and_exits_130(tmp_path):
 @pytest.mark.slow
 def test_sigterm_to_the_whole_process_group_of_an_async_run_checkpoints_without_worker_restarts(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "fleetrl", "train", "ppo", *STATELESS[:-2], "--env-backend", "async",
+    proc = subprocess.Popen([sys.executable, "-m", "fleetrl", "train", "ppo", *SLOW_STATELESS[:-2], "--env-backend", "async",
                              "--total-timesteps", str(400 * BATCH), "--checkpoint-every", "1000", "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=fleetrl_env(), start_new_session=True)
     try:
