@@ -355,17 +355,33 @@ def test_cpp_backends_keep_gymnasiums_same_step_conventions(backend, env_id, nee
         envs.close()
 
 
-@pytest.mark.parametrize("backend, needs", [("ale", "ale_py"), ("envpool", "envpool")])
-def test_cpp_backends_in_next_step_mode_ignore_the_reset_steps_action_and_count_only_the_agents_steps(backend, needs):
-    # two vectors with one seed get the same actions but at reset steps, where one gets others: if a reset step took
-    # the action, the two would part there. training=False: every end is a game over, which the C++ env resets itself
-    from conftest import require_module
+PROCGEN = "BigfishEasy-v0"  # an EnvPool-only family with no no-op action
 
-    require_module(needs, "atari" if needs == "ale_py" else "envpool")
-    a = make_vec("BreakoutNoFrameskip-v4", 4, backend, verbose=False, training=False)
-    b = make_vec("BreakoutNoFrameskip-v4", 4, backend, verbose=False, training=False)
+
+def need_cpp_backend(backend: str, env_id: str) -> None:
+    """Skip (fail under CI) without the backend's module, or without the Qt 5 runtime EnvPool's Procgen loads."""
+    import shutil
+
+    from conftest import require_module, skip_unless_ci
+    from fleetrl.envs.native import native_backend_support
+
+    require_module("ale_py" if backend == "ale" else "envpool", "atari" if backend == "ale" else "envpool")
+    if env_id == PROCGEN and not native_backend_support(PROCGEN, "procgen")["envpool"]:
+        skip_unless_ci("EnvPool's Procgen does not load here (it needs the system Qt 5 runtime: apt-get install libqt5gui5)",
+                       ci_provides=shutil.which("apt-get") is not None)
+
+
+@pytest.mark.parametrize("backend, env_id", [("ale", "BreakoutNoFrameskip-v4"), ("envpool", "BreakoutNoFrameskip-v4"),
+                                             ("envpool", PROCGEN), ("envpool", "CartPole-v1")])
+def test_cpp_backends_in_next_step_mode_ignore_the_reset_steps_action_and_count_only_the_agents_steps(backend, env_id):
+    # two vectors with one seed get the same actions but at reset steps, where one gets others: if a reset step took
+    # the action, the two would part there. training=False: every Atari end is a game over, which the C++ env resets
+    # itself (ale: a NOOP as the reset step; EnvPool, every family: its own next-step reset step)
+    need_cpp_backend(backend, env_id)
+    a = make_vec(env_id, 4, backend, verbose=False, training=False)
+    b = make_vec(env_id, 4, backend, verbose=False, training=False)
     try:
-        assert a.metadata["autoreset_mode"] == NEXT_STEP
+        assert a.metadata["autoreset_mode"] == NEXT_STEP and a.backend == backend
         obs_a, _ = a.reset(seed=1)
         obs_b, _ = b.reset(seed=1)
         assert np.array_equal(obs_a, obs_b)
@@ -393,9 +409,80 @@ def test_cpp_backends_in_next_step_mode_ignore_the_reset_steps_action_and_count_
         b.close()
 
 
-def test_next_step_on_envpool_runs_atari_only_and_names_the_fix():
-    with pytest.raises(FleetError, match=r"only Atari games have one.*SAME_STEP.*backend='sync' or 'async'"):
-        make_vec("CartPole-v1", 2, "envpool", verbose=False)
+class ReplayedCartPole(gym.Wrapper):
+    """gymnasium's own CartPole-v1 whose episodes start in the given states, one per reset (CartPole's observation is
+    its whole state): EnvPool's episodes, stepped by gymnasium's physics."""
+
+    def __init__(self, starts: list[np.ndarray]):
+        super().__init__(gym.make("CartPole-v1"))
+        self.starts = iter(starts)
+
+    def reset(self, **kwargs):
+        _, info = self.env.reset(**kwargs)
+        self.env.unwrapped.state = np.array(next(self.starts), np.float64)
+        return np.array(self.env.unwrapped.state, np.float32), info
+
+
+def test_cartpole_on_envpool_in_next_step_mode_gives_the_episodes_of_gymnasiums_sync_vector_env():
+    # EnvPool's CartPole draws its starts with its own RNG: gymnasium's SyncVectorEnv(NEXT_STEP) replays them (from the
+    # first observation of each episode, make_vec's reset and reset steps) with the same actions, and its
+    # RecordEpisodeStatistics counts the episodes; make_vec's flags, rewards, observations and info["episode"] agree
+    need_cpp_backend("envpool", "CartPole-v1")
+    n, steps = 3, 400
+    envs = make_vec("CartPole-v1", n, "envpool", verbose=False)
+    rng = np.random.default_rng(4)
+    actions = rng.integers(0, 2, (steps, n))
+    try:
+        obs, info = envs.reset(seed=7)
+        assert info == {}
+        starts, outs, resetting = [[row] for row in obs], [], np.zeros(n, bool)
+        for t in range(steps):
+            out = envs.step(actions[t])
+            for i in np.flatnonzero(resetting):
+                starts[i].append(out[0][i])
+            outs.append(out)
+            resetting = out[2] | out[3]
+    finally:
+        envs.close()
+    reference = gym.wrappers.vector.RecordEpisodeStatistics(
+        SyncVectorEnv([functools.partial(ReplayedCartPole, starts[i]) for i in range(n)], autoreset_mode=NEXT_STEP))
+    try:
+        ref_obs, _ = reference.reset()
+        assert np.array_equal(ref_obs, np.stack([s[0] for s in starts]))
+        episodes = 0
+        for t in range(steps):
+            obs, reward, terminated, truncated, info = outs[t]
+            ref_obs, ref_reward, ref_terminated, ref_truncated, ref_info = reference.step(actions[t])
+            assert np.allclose(obs, ref_obs, atol=1e-5), t
+            assert np.array_equal(reward, ref_reward) and np.array_equal(terminated, ref_terminated), t
+            assert np.array_equal(truncated, ref_truncated), t
+            # make_vec's statistics are where gymnasium's per-env RecordEpisodeStatistics puts them: the finished
+            # step's info["episode"] (r, l), with the mask info["_episode"], and nothing on other steps
+            assert set(info) == ({"episode", "_episode"} if "_episode" in ref_info else set()), (t, info)
+            if "_episode" in ref_info:
+                assert np.array_equal(info["_episode"], ref_info["_episode"])
+                for i in np.flatnonzero(ref_info["_episode"]):
+                    assert info["episode"]["l"][i] == ref_info["episode"]["l"][i], (t, i)
+                    assert info["episode"]["r"][i] == ref_info["episode"]["r"][i], (t, i)
+                episodes += int(ref_info["_episode"].sum())
+        assert episodes >= 3 * n
+    finally:
+        reference.close()
+
+
+def test_a_first_ready_envpool_cannot_run_next_step_and_says_what_to_do():
+    # make_vec never builds a first-ready EnvPool (it takes no async_batch): the backend refuses the combination itself
+    need_cpp_backend("envpool", "CartPole-v1")
+    from fleetrl.envs.native import EnvPoolVectorEnv
+
+    with pytest.raises(FleetError, match=r"first 2 of 4 envs ready \(async_batch=2\)\. Leave async_batch out.*next_step=False"):
+        EnvPoolVectorEnv("CartPole-v1", 4, family="classic", training=True, async_batch=2, next_step=True)
+    envs = EnvPoolVectorEnv("CartPole-v1", 4, family="classic", training=True, async_batch=2)
+    try:
+        with pytest.raises(FleetError, match=r"first 2 of 4 envs ready"):
+            envs.next_step = True
+    finally:
+        envs.close()
 
 
 LEAVE_EARLY = "fleetrl_test_games.leave_early"  # tests/fleetrl_test_games: the quitter leaves at step 3, the game ends at 8

@@ -8,7 +8,8 @@ NEXT_STEP, unless the caller asks for SAME_STEP:
 * NEXT_STEP: the step that ends an episode returns its last observation, reward and flags with the envs' own step
   infos; the next step is the reset step (the first observation, reward 0, both flags false, the action ignored, the
   reset infos). For Python envs an outer wrapper (:class:`NextStepReset`) keeps the backend's same-step reset for that
-  step; a C++ env (``ale``, ``envpool``: Atari) takes a NOOP there as the end of its reset.
+  step; ``envpool`` (every family: Atari, Procgen, MuJoCo, classic) runs in EnvPool's own next-step autoreset, whose
+  reset step is exactly that; ``ale`` (Atari) takes a NOOP there as the end of its reset.
 * SAME_STEP: ``info["final_obs"]`` is an object array holding each finished env's last observation (None elsewhere),
   with the mask ``info["_final_obs"]``; ``info["final_info"]`` holds the finished envs' last infos, batched, with
   ``info["_final_info"]``. Every other key is the envs' own step infos (or, for an env that was reset, its reset
@@ -37,8 +38,9 @@ ID_ONLY_BACKENDS = ("ale", "envpool")  # their C++ envs are built from an id, ne
 ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 FUNCTIONS_NAME = "env functions"  # how the probes and the printed reason name a list of env functions
 AUTORESET_MODES = (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP)
-# The action a C++ Atari env takes on a NEXT_STEP reset step, in place of the caller's: NOOP begins every minimal
-# action set of ALE (ale-py and EnvPool alike), so the step only prolongs the noop start its reset already made
+# The action ale-py's Atari env takes on a NEXT_STEP reset step, in place of the caller's: NOOP begins every minimal
+# action set of ALE, so the step only prolongs the noop start its reset already made (EnvPool needs none: its own
+# next-step autoreset ignores the action there)
 NATIVE_HOLD_ACTION = 0
 
 
@@ -90,7 +92,8 @@ class NextStepEnvFn:
 
 class FleetVectorEnv(gym.vector.VectorEnv):
     """One of fleetrl's vector backends behind gymnasium's ``VectorEnv`` interface, in ``autoreset_mode`` (NEXT_STEP or
-    SAME_STEP; the backends reset in the same step, and NEXT_STEP is made from it here: see the module's docstring).
+    SAME_STEP; the backends reset in the same step, and NEXT_STEP is made from it here, but for an EnvPool backend in
+    its own next-step mode (``next_step``, set by make_vec): see the module's docstring).
 
     ``backend``: the backend's name; ``backend_reason``: why it was chosen (``auto``'s printed reason). The fleetrl
     backend itself is ``fleet_envs`` (same-step, with its ``send``/``recv`` for scripts that want them). In NEXT_STEP
@@ -119,6 +122,8 @@ class FleetVectorEnv(gym.vector.VectorEnv):
         self._scalar_obs = isinstance(self.single_observation_space, gym.spaces.Discrete)
         self._agent_rows = getattr(fleet_envs, "agent_rows", None)  # a PettingZoo game's agents, one row each
         self._native = not self._env_infos and self._agent_rows is None  # a C++ backend: no Python env to hold a row
+        # EnvPool in its own next-step autoreset (make_vec sets it): its reset steps come as they are, with no NOOP
+        self._backend_next_step = bool(getattr(fleet_envs, "next_step", False))
         # NEXT_STEP: the rows whose next step is the reset step, and per row the reset steps that the backend counted into
         # the episode statistics (a C++ env's NOOP, a PettingZoo game's held step), taken off the length it reports
         self._reset_next = np.zeros(self.num_envs, bool)
@@ -143,7 +148,8 @@ class FleetVectorEnv(gym.vector.VectorEnv):
         if not self._next_step:
             obs, reward, terminated, truncated, fleet_info = self.fleet_envs.step(actions)
             return obs, reward, terminated, truncated, self._gym_infos(fleet_info)
-        resetting = self._reset_next.copy()  # this step is their reset step
+        # this step is their reset step, which make_vec makes (NextStepReset, ale's NOOP) unless the backend does
+        resetting = np.zeros(self.num_envs, bool) if self._backend_next_step else self._reset_next.copy()
         if self._native and resetting.any():
             actions = actions.copy()
             actions[resetting] = NATIVE_HOLD_ACTION
@@ -168,7 +174,8 @@ class FleetVectorEnv(gym.vector.VectorEnv):
         return obs, reward, terminated, truncated, infos
 
     def _next_step_stats_only(self, obs, reward, terminated, truncated, fleet_info: dict[str, Any], resetting: np.ndarray):
-        """NEXT_STEP over a C++ backend (``resetting`` rows took a NOOP as their reset step) or a PettingZoo game's rows
+        """NEXT_STEP over a C++ backend (``resetting`` rows took a NOOP as their reset step on ale; EnvPool's next-step
+        mode returns its own reset steps and last observations, and counts no reset step) or a PettingZoo game's rows
         (held by NextStepReset per game): last observations at an end, statistics as the finished rows' step infos."""
         ended_raw = terminated | truncated
         if self._native and resetting.any():  # the NOOP is part of the reset: no reward, no end shown to the caller
@@ -273,9 +280,10 @@ def make_vec(
     ``env_timeout``: seconds an async worker may take for one step before it counts as hung. ``autoreset_mode``: NEXT_STEP
     (gymnasium's default: the step after an episode ends is its reset step, reward 0, no flags, the action ignored) or
     SAME_STEP (the last observation in ``info["final_obs"]``), taken as gymnasium's vector envs take it, so that a
-    ``SyncVectorEnv`` call becomes a make_vec call. On ``ale`` and ``envpool`` NEXT_STEP runs Atari only: the reset
-    step's action is a NOOP. A PettingZoo id gives ``info["live"]`` (with ``info["_live"]``) on steps where some row
-    holds no live agent: that row's agent has left its game, and its action is ignored until the game starts again.
+    ``SyncVectorEnv`` call becomes a make_vec call. ``envpool`` runs NEXT_STEP in EnvPool's own next-step autoreset
+    (every family: Atari, Procgen, MuJoCo, classic); ``ale`` takes a NOOP as the reset step. A PettingZoo id gives
+    ``info["live"]`` (with ``info["_live"]``) on steps where some row holds no live agent: that row's agent has left
+    its game, and its action is ignored until the game starts again.
 
     An env that raises makes ``step``/``reset`` raise in the caller (the async backend restarts nothing here);
     ``close()`` stops every worker process.
@@ -310,15 +318,12 @@ def _from_env_id(env_id, num_envs, backend, training, verbose, env_workers, env_
         raise FleetError(f"make_vec({env_id!r}, num_envs=...) needs the number of envs (1 or more), got {num_envs}.")
     next_step = mode == gym.vector.AutoresetMode.NEXT_STEP
     family = env_family(env_id, env_timeout)
-    if next_step and family.name != "atari" and (backend == "envpool" or family.name == "procgen"):
-        raise FleetError(f"make_vec runs {env_id} on EnvPool, whose C++ envs take a NOOP as the rest of a NEXT_STEP reset, and "
-                         f"only Atari games have one. Pass autoreset_mode=gym.vector.AutoresetMode.SAME_STEP (the last "
-                         f"observation is then in info['final_obs'])"
-                         + (", or backend='sync' or 'async'." if family.name != "procgen" else "."))
     # max_restarts=0: an env error reaches the caller, as in gymnasium, instead of a restarted worker
     envs = make_vector_env(env_id, num_envs, backend, training=training, verbose=verbose, max_restarts=0, family=family,
                            env_timeout=env_timeout, env_workers=env_workers, env_threads=env_threads,
                            wrap_env_fn=NextStepEnvFn if next_step else None)
+    if next_step and envs.backend == "envpool":
+        envs.next_step = True  # EnvPool's own next-step autoreset, set before the first reset
     return FleetVectorEnv(envs, envs.backend, envs.backend_reason, mode)
 
 

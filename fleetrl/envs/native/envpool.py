@@ -13,6 +13,12 @@
     (EnvPool drops them). Evaluation takes that reset step too, but reports no end to the caller. Rewards are clipped in Python (training only) and the
     statistics use the raw reward, counting a real game over (``info["terminated"]``, ALE's
     game-over flag) or the 27,000-agent-step cap (= 108,000 frames) as the episode end.
+
+    ``next_step=True`` (make_vec's gymnasium NEXT_STEP; training never sets it) keeps EnvPool's own
+    next-step autoreset instead: an env that ends an episode returns its last obs as ``obs`` (no
+    ``info["final_obs"]``), and its next step, whose action EnvPool ignores, is its reset step (the
+    first obs, reward 0, both flags false), returned to the caller as it is and left out of the
+    episode statistics. Only the hidden reset step of evaluation's lost life is still taken at once.
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ class EnvPoolVectorEnv:
       returned when that comes back, so K must be at most half the envs (else the pool could wait for
       more envs than are stepping) and divide them.
     * ``split(2)``: two synchronous sub-pools (:class:`SubPools`), the zero-lag sampler's fixed halves.
+
+    ``next_step``: EnvPool's own next-step autoreset, for make_vec's NEXT_STEP (module docstring); every env stepped
+    together only, so a first-ready ``async_batch`` is refused with it.
     """
 
     steps_in_background = True
@@ -71,6 +80,7 @@ class EnvPoolVectorEnv:
         max_episode_steps: int | None = None,
         async_batch: int | None = None,
         frame_stack: int = atari.FRAME_STACK,
+        next_step: bool = False,
     ):
         self._envpool = _import_envpool()
         self.env_id = env_id
@@ -128,6 +138,29 @@ class EnvPoolVectorEnv:
         self._resetting = np.zeros(num_envs, bool)
         self._held: dict[int, tuple] = {}
         self._ready: deque[int] = deque()
+        # next-step mode: envs whose next step is EnvPool's reset step (the caller takes it)
+        self._reset_next = np.zeros(num_envs, bool)
+        self.next_step = next_step
+
+    @property
+    def next_step(self) -> bool:
+        """EnvPool's own next-step autoreset (see the module's docstring); set it before :meth:`reset`."""
+        return self._next_step
+
+    @next_step.setter
+    def next_step(self, on: bool) -> None:
+        if on and self.async_batch != self.num_envs:
+            raise FleetError(
+                f"EnvPool's next-step autoreset (next_step=True, make_vec's NEXT_STEP) hands each env's reset step to the "
+                f"caller as the step after its episode ends, which needs every env stepped together, and this EnvPool returns "
+                f"the first {self.async_batch} of {self.num_envs} envs ready (async_batch={self.async_batch}). Leave "
+                f"async_batch out (or set it to num_envs) for next_step=True, or keep next_step=False (same-step autoreset)."
+            )
+        if self._pools and bool(on) != getattr(self, "_next_step", False):
+            raise FleetError("EnvPoolVectorEnv.next_step changes how the envs autoreset, and these envs have been reset in the "
+                             "other mode already: pass next_step=... when you build the EnvPoolVectorEnv (or set it before its "
+                             "first reset()).")
+        self._next_step = bool(on)
 
     def split(self, count: int) -> list[np.ndarray]:
         """``count`` groups of env ids to step apart (synchronous sub-pools, built at the next ``reset``)."""
@@ -157,6 +190,7 @@ class EnvPoolVectorEnv:
         self._resetting[:] = False
         self._held.clear()
         self._ready.clear()
+        self._reset_next[:] = False
         obs = np.zeros((self.num_envs, *self.single_observation_space.shape), self.single_observation_space.dtype)
         for (lo, hi), pool in zip(self._groups.ranges, self._pools):
             part, info = pool.reset()
@@ -202,6 +236,12 @@ class EnvPoolVectorEnv:
         lo, hi = self._groups.ranges[p]
         pool = self._pools[p]
         obs, reward, terminated, truncated, info, local, restart = self._process(*pool.recv(), lo)
+        if self._next_step:  # an env shown ended keeps its last obs; its next step (the caller's) is its reset step
+            ended = terminated | truncated
+            self._reset_next[local + lo] = ended
+            restart = restart & ~ended  # evaluation's lost life: its hidden reset step is still taken now
+            for key in ("final_obs", "_final_obs"):  # obs is the last observation itself
+                info.pop(key, None)
         if restart.any():
             # EnvPool's next step on a done env is its reset step (reward 0, the action ignored):
             # take it now, for those envs only, so obs holds their first observation (same-step)
@@ -226,7 +266,8 @@ class EnvPoolVectorEnv:
         raw = reward.astype(np.float64)
         terminated = terminated.astype(bool)
         truncated = truncated.astype(bool)
-        self._stats.add(raw, ids)
+        acted = ~self._reset_next[ids]  # next-step mode: a reset step is no step of the next episode
+        self._stats.add(raw[acted], ids[acted])
         restart = terminated | truncated
         if self.family == "atari":
             game_over = ep_info["terminated"].astype(bool)
