@@ -1,13 +1,13 @@
 """A training run's plumbing, shared by the algorithms: torchrun, resume, arguments, seeds, device,
 checkpoints, stop signals and teardown.
 
-``Run.start`` does, in order: join the torchrun job (if any); on rank 0, find and safely load the
-checkpoint to resume (``--resume PATH`` or ``--resume auto``) and broadcast it; merge the saved
-arguments with the flags given again (a checkpoint never picks a module to import or a folder to write:
-``_resumed_args``); fill the env family's defaults; validate; split the global
-``--num-envs`` over the ranks; pick the run folder (and check that it can be written), the seeds, the
-thread plan (``run.threads``: torch's threads are set here, the env workers by
-``make_vector_env(threads=run.threads)``) and the device; and catch SIGTERM and Ctrl-C.
+``Run.start`` sets a run up in five named steps, each a function here: ``join_job`` (the torchrun job, if any);
+``resume_checkpoint`` (rank 0 finds and safely loads the checkpoint of ``--resume PATH`` or ``--resume auto`` and
+broadcasts it; its saved arguments go under the flags given again, and it never picks a module to import, a folder to
+write or an upload: ``_resumed_args``); ``settle_flags`` (the env family's defaults, whole games, the algorithm's
+``validate``); ``plan_resources`` (the global ``--num-envs`` split over the ranks, the run folder checked writable, the
+thread plan, ``run.threads``: torch's threads are set here, the env workers by ``make_vector_env(threads=run.threads)``,
+and the device); and ``Run._open`` (seeds, SIGTERM and Ctrl-C caught).
 
 A run is a context: everything the algorithm opens with ``run.closing(...)`` is closed when the ``with``
 block ends, however it ends, from the first line of setup on.
@@ -110,15 +110,21 @@ class Run:
     @classmethod
     def start(cls, args: Any, explicit: set[str], family_defaults: dict, validate: Callable[..., None], algo: str = "",
               wide_network: bool = False, lag_worker: str = "") -> "Run":
-        """``algo``: the algorithm's name (``fleetrl train ALGO``); a checkpoint written by another is refused.
+        """Set a training run up, in five steps (docs/engine.md, "How a run starts"): :func:`join_job` (torchrun),
+        :func:`resume_checkpoint` (``--resume``), :func:`settle_flags` (the env family's defaults, the algorithm's
+        refusals), :func:`plan_resources` (envs per rank, run folder, threads, device), then :meth:`_open` (the run,
+        seeded, catching stop signals).
+
+        ``algo``: the algorithm's name (``fleetrl train ALGO``); a checkpoint written by another is refused.
         ``wide_network``: the learner's layers are wide enough to split over threads even on vector observations
         (SAC's and TD3's 256-wide MLPs at batch 256), so the thread plan treats it as a CNN. ``lag_worker``: what the
         algorithm's ``--policy-lag 1`` runs beside the trainer ("sampler thread", "learner process"); "" if it has none."""
-        if launched_by_torchrun():  # joining the job uses it, before validate names every bad flag
-            config.check_ranges(args, {"dist_timeout": DIST_TIMEOUT})
-        dist = init_distributed(args.cuda, args.dist_backend, args.dist_timeout)
+        dist = join_job(args)
         try:
-            return cls._start(args, explicit, family_defaults, validate, dist, algo, wide_network, lag_worker)
+            resumed, args = resume_checkpoint(args, explicit, algo, dist)
+            args, family = settle_flags(args, explicit, family_defaults, validate, algo, dist, resumed)
+            plan = plan_resources(args, family, dist, explicit, wide_network, lag_worker)
+            return cls._open(args, family, dist, plan, resumed, algo)
         except FleetError as exc:
             exc.quiet = exc.quiet or not dist.is_main  # every rank refuses the same flags; rank 0 says it once
             dist.close()
@@ -128,47 +134,14 @@ class Run:
             raise
 
     @classmethod
-    def _start(cls, args, explicit, family_defaults, validate, dist: Dist, algo: str, wide_network: bool, lag_worker: str) -> "Run":
-        # rank 0 finds and loads the checkpoint, each rank verifies its own shard of it; everyone gets it (or the same error)
-        resumed = _load_resume(args, algo, dist)
-        if resumed is not None:
-            args = _resumed_args(args, resumed, explicit, algo, say=dist.is_main)
-            _warn_if_code_changed(resumed, dist.is_main)
-        family = env_family(args.env_id, args.env_timeout)  # a custom env is built to read its spaces: bounded as a build
-        config.check_agent_rows(args.env_id, family.name, algo, cls.command_for(algo), cls.algorithm_file)  # PettingZoo games
-        args = config.apply_family_defaults(args, family_defaults, family.name, algo)
-        if family.agents > 1 and "num_envs" not in explicit and resumed is None:  # a default in whole games (rows, rounded up)
-            args.num_envs = -(-args.num_envs // family.agents) * family.agents
-        if family.agents > 1 and args.num_envs % (family.agents * dist.world_size):  # each process steps whole games
-            raise FleetError(f"--num-envs {args.num_envs} counts agent rows, and {args.env_id} has {family.agents} agents in a game: each "
-                             f"of the {dist.world_size} processes needs whole games, so --num-envs must be a multiple of "
-                             f"{family.agents * dist.world_size} (e.g. {family.agents * dist.world_size * max(1, args.num_envs // (family.agents * dist.world_size))}).")
-        validate(args, dist.world_size)
-        local_num_envs = split_evenly(args.num_envs, dist.world_size, "The number of environments", "--num-envs")
-        if dist.is_main and args.run_dir is None:
-            args.run_dir = config.default_run_dir(args.env_id, args.exp_name, args.seed)
-        problem = _check_writable(args.run_dir) if dist.is_main else None
-        args.run_dir, problem = dist.broadcast_object((args.run_dir, problem))
-        if problem:
-            raise FleetError(problem)
-
-        run = cls(args, family, dist, None, local_num_envs, resumed, algo, policy_lag=args.policy_lag if lag_worker else 0)
+    def _open(cls, args: Any, family: EnvFamily, dist: Dist, plan: "ResourcePlan", resumed: dict[str, Any] | None, algo: str) -> "Run":
+        """Step 5: the run, at a resumed checkpoint's step, seeded for it, on its planned threads, catching SIGTERM and Ctrl-C."""
+        run = cls(args, family, dist, plan.device, plan.local_num_envs, resumed, algo, policy_lag=plan.policy_lag,
+                  threads=plan.threads)
         if resumed is not None:
             run.global_step, run.start_iteration = int(resumed["global_step"]), int(resumed["iteration"])
             run.last_checkpoint = resumed.get("_path")
         runtime.seed_everything(run.seed, args.torch_deterministic)
-        cnn = family.name in IMAGE_FAMILIES or wide_network
-        # a CNN's spinning threads collapse beside other jobs; sleeping ones do not (docs/backends.md, "Thread plan"). But
-        # a CNN's gradients differ in the last bits with the thread count, so a plan that follows the load would make one
-        # command train differently on a busy machine: it follows the load only with --no-torch-deterministic
-        watch = cnn and args.torch_threads is None and not args.torch_deterministic and not runtime.threads_wait_passively()
-        busy = runtime.busy_cores_elsewhere() if watch else 0.0
-        run.threads = runtime.plan_threads(None, dist.local_world_size, local_num_envs, cnn=cnn,
-                                           policy_lag=run.policy_lag, torch_threads=args.torch_threads, busy_elsewhere=busy)
-        if lag_worker:
-            run.threads = replace(run.threads, lag_worker=lag_worker)
-        runtime.apply_thread_plan(run.threads)
-        run.device = dist.device if dist.enabled else runtime.pick_device(args.cuda, warn="cuda" in explicit and dist.is_main)
         run._catch_stop_signals()
         return run
 
@@ -466,6 +439,80 @@ class Run:
         """The seed of this rank's first env: envs of all ranks are seeded ``seed + global env index``.
         A resumed run starts new episodes, seeded apart by its step."""
         return self.args.seed + self.dist.rank * self.local_num_envs + self.global_step
+
+
+# ---------------------------------------------------------------- the steps of Run.start
+def join_job(args: Any) -> Dist:
+    """Step 1: this process's place in the torchrun job (world size 1 outside one)."""
+    if launched_by_torchrun():  # joining the job uses it, before validate names every bad flag
+        config.check_ranges(args, {"dist_timeout": DIST_TIMEOUT})
+    return init_distributed(args.cuda, args.dist_backend, args.dist_timeout)
+
+
+def resume_checkpoint(args: Any, explicit: set[str], algo: str, dist: Dist) -> tuple[dict[str, Any] | None, Any]:
+    """Step 2: the checkpoint ``--resume`` names (None for a fresh run), and the flags: its saved ones under those given
+    again. Rank 0 finds and loads it, each rank verifies its own shard of it; every rank gets it (or the same error)."""
+    resumed = _load_resume(args, algo, dist)
+    if resumed is not None:
+        args = _resumed_args(args, resumed, explicit, algo, say=dist.is_main)
+        _warn_if_code_changed(resumed, dist.is_main)
+    return resumed, args
+
+
+def settle_flags(args: Any, explicit: set[str], family_defaults: dict, validate: Callable[..., None], algo: str, dist: Dist,
+                 resumed: dict[str, Any] | None) -> tuple[Any, EnvFamily]:
+    """Step 3: the env's family, the algorithm's defaults for it, whole games of a PettingZoo id, and the algorithm's
+    refusals (``validate``): after this the flags are final."""
+    family = env_family(args.env_id, args.env_timeout)  # a custom env is built to read its spaces: bounded as a build
+    config.check_agent_rows(args.env_id, family.name, algo, Run.command_for(algo), Run.algorithm_file)  # PettingZoo games
+    args = config.apply_family_defaults(args, family_defaults, family.name, algo)
+    if family.agents > 1 and "num_envs" not in explicit and resumed is None:  # a default in whole games (rows, rounded up)
+        args.num_envs = -(-args.num_envs // family.agents) * family.agents
+    if family.agents > 1 and args.num_envs % (family.agents * dist.world_size):  # each process steps whole games
+        games = family.agents * dist.world_size
+        raise FleetError(f"--num-envs {args.num_envs} counts agent rows, and {args.env_id} has {family.agents} agents in a game: each "
+                         f"of the {dist.world_size} processes needs whole games, so --num-envs must be a multiple of "
+                         f"{games} (e.g. {games * max(1, args.num_envs // games)}).")
+    validate(args, dist.world_size)
+    return args, family
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """What step 4 gives this rank: its envs, its threads (torch's are set by then), its learner's device, and the
+    policy lag the algorithm runs (0 for one without ``--policy-lag``)."""
+
+    local_num_envs: int
+    threads: runtime.ThreadPlan
+    device: Any
+    policy_lag: int
+
+
+def plan_resources(args: Any, family: EnvFamily, dist: Dist, explicit: set[str], wide_network: bool, lag_worker: str) -> ResourcePlan:
+    """Step 4: this rank's share of ``--num-envs``, the run folder (made, and checked writable, by rank 0), the thread
+    plan (torch's threads set here; the env workers get theirs from ``make_vector_env(threads=run.threads)``) and the
+    learner's device."""
+    local_num_envs = split_evenly(args.num_envs, dist.world_size, "The number of environments", "--num-envs")
+    if dist.is_main and args.run_dir is None:
+        args.run_dir = config.default_run_dir(args.env_id, args.exp_name, args.seed)
+    problem = _check_writable(args.run_dir) if dist.is_main else None
+    args.run_dir, problem = dist.broadcast_object((args.run_dir, problem))
+    if problem:
+        raise FleetError(problem)
+    cnn = family.name in IMAGE_FAMILIES or wide_network
+    # a CNN's spinning threads collapse beside other jobs; sleeping ones do not (docs/backends.md, "Thread plan"). But
+    # a CNN's gradients differ in the last bits with the thread count, so a plan that follows the load would make one
+    # command train differently on a busy machine: it follows the load only with --no-torch-deterministic
+    watch = cnn and args.torch_threads is None and not args.torch_deterministic and not runtime.threads_wait_passively()
+    busy = runtime.busy_cores_elsewhere() if watch else 0.0
+    policy_lag = args.policy_lag if lag_worker else 0
+    threads = runtime.plan_threads(None, dist.local_world_size, local_num_envs, cnn=cnn, policy_lag=policy_lag,
+                                   torch_threads=args.torch_threads, busy_elsewhere=busy)
+    if lag_worker:
+        threads = replace(threads, lag_worker=lag_worker)
+    runtime.apply_thread_plan(threads)
+    device = dist.device if dist.enabled else runtime.pick_device(args.cuda, warn="cuda" in explicit and dist.is_main)
+    return ResourcePlan(local_num_envs, threads, device, policy_lag)
 
 
 def _quietly(close: Callable[[], Any]) -> None:
