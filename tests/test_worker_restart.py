@@ -265,17 +265,31 @@ class ConstructorHangsEnv(gym.Env):
 
 NEVER = threading.Event()
 gym.register("fleetrl_test_hang/ConstructorHangs-v0", entry_point=ConstructorHangsEnv)
+TEST_PROCESS = os.getpid()
 
 
-@pytest.mark.parametrize("build", ["env_family", "SharedMemoryVectorEnv", "make_vec"])
+class HangsInWorkersEnv(ConstructorHangsEnv):
+    """Built here (gymnasium's AsyncVectorEnv builds one for the spaces), it is fine; in a worker process it hangs."""
+
+    def __init__(self):
+        if os.getpid() != TEST_PROCESS:
+            time.sleep(3600)
+
+
+@pytest.mark.parametrize("build", ["env_family", "SharedMemoryVectorEnv", "make_vec", "gym-async"])
 def test_an_env_built_only_for_its_spaces_that_hangs_ends_in_one_paragraph_in_bounded_time(build, monkeypatch):
-    from fleetrl.envs import env_family, make_vec
+    import multiprocessing
+
+    from fleetrl.envs import env_family, make_vec, vector
     from fleetrl.envs.shm import supervisor
 
     monkeypatch.setattr(supervisor, "MIN_BUILD_TIMEOUT_S", 0.5)  # the least a build gets (30 s): short here
+    monkeypatch.setattr(vector, "GYM_ASYNC_BUILD_TIMEOUT_S", 0.5)
     builds = {"env_family": lambda: env_family("fleetrl_test_hang/ConstructorHangs-v0", env_timeout=0.5),
               "SharedMemoryVectorEnv": lambda: SharedMemoryVectorEnv([ConstructorHangsEnv] * 2, env_timeout=0.5),
-              "make_vec": lambda: make_vec([ConstructorHangsEnv] * 2, backend="async", env_timeout=0.5)}
+              "make_vec": lambda: make_vec([ConstructorHangsEnv] * 2, backend="async", env_timeout=0.5),
+              "gym-async": lambda: vector.GymAsyncVectorEnv([HangsInWorkersEnv] * 2)}  # gymnasium's workers: their builds hang
+    children = set(multiprocessing.active_children())
     NEVER.clear()
     began = time.monotonic()
     try:
@@ -286,8 +300,11 @@ def test_an_env_built_only_for_its_spaces_that_hangs_ends_in_one_paragraph_in_bo
         NEVER.set()
     assert took < 20, f"{build} waited {took:.1f} s for an env that hangs, with --env-timeout 0.5 (a generous guard)"
     said = str(refused.value)
-    assert "\n" not in said and "was built to read its spaces, and its construction gave no answer within 0.5 s" in said, said
-    assert "--env-timeout" in said, said
+    expected = ("did not finish building its 2 envs within 0.5 s", "Its workers were killed") if build == "gym-async" else \
+        ("was built to read its spaces, and its construction gave no answer within 0.5 s", "--env-timeout")
+    assert "\n" not in said and all(words in said for words in expected), said
+    left = [p for p in set(multiprocessing.active_children()) - children if p.is_alive()]
+    assert not left, "a build that hung leaves no worker behind"
 
 
 def test_close_after_restarts_leaves_no_worker_processes(tmp_path):

@@ -46,6 +46,8 @@ from fleetrl.envs.wrappers import game_over, set_env_index
 from fleetrl import config
 from fleetrl.errors import FleetError
 
+GYM_ASYNC_BUILD_TIMEOUT_S = 60.0  # gymnasium's AsyncVectorEnv waits for its workers' builds without a deadline: this one
+
 
 class SyncVectorEnv:
     """fleetrl's in-process backend: steps the envs in turn, with same-step autoreset.
@@ -204,10 +206,30 @@ def _gym_async_vector(env_fns: list[Callable[[], gym.Env]], **kwargs: Any) -> gy
     """gymnasium's AsyncVectorEnv with its processes started as every child of the trainer is (fleetrl/processes.py):
     by the forkserver, ignoring SIGTERM and Ctrl-C from birth. gymnasium's default, a fork, would copy the trainer,
     its running threads (a fork of a multi-threaded process can deadlock the child) and its signal handlers. Each env
-    function first makes its worker a child as fleetrl's own are (:class:`fleetrl.processes.CallInChild`)."""
+    function first makes its worker a child as fleetrl's own are (:class:`fleetrl.processes.CallInChild`). Its build
+    (one env here for the spaces, then each worker's) gets GYM_ASYNC_BUILD_TIMEOUT_S, as an async worker's build gets
+    at least 30 s: an env that hangs there ends it in one paragraph, its workers killed (they ignore SIGTERM, so
+    multiprocessing's exit would wait for them for good)."""
+    import multiprocessing
+
+    from fleetrl.envs.bounded import ProbeHung, run_bounded
     from fleetrl.processes import CallInChild, context
 
-    return gym.vector.AsyncVectorEnv([CallInChild(fn) for fn in env_fns], context=context().get_start_method(), **kwargs)
+    before = set(multiprocessing.active_children())
+    try:
+        return run_bounded(lambda watch: watch.call("construction", gym.vector.AsyncVectorEnv, [CallInChild(fn) for fn in env_fns],
+                                                    context=context().get_start_method(), **kwargs),
+                           GYM_ASYNC_BUILD_TIMEOUT_S, name="fleetrl-gym-async-build")
+    except ProbeHung as hung:
+        started = set(multiprocessing.active_children()) - before
+        for proc in started:
+            proc.kill()
+        for proc in started:
+            proc.join(5.0)  # reaped; bounded, as a process stuck in the kernel can outlive SIGKILL a while
+        raise FleetError(f"gymnasium's AsyncVectorEnv (--env-backend gym-async) did not finish building its {len(env_fns)} envs within "
+                         f"{hung.timeout:g} s: an env's constructor hangs (waiting for a server, a lock, a prompt?). Its workers were "
+                         f"killed. Fix what the env waits for, or use --env-backend async, whose workers get --env-timeout "
+                         f"(at least 30 s) to build.") from None
 
 
 class GymAsyncVectorEnv(GymSyncVectorEnv):
