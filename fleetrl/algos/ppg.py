@@ -13,12 +13,17 @@ Differences from CleanRL, each on purpose (besides PPO's, ppo.py):
   package CleanRL uses gives them last and does not install here);
 * Adam is fused, the minibatch order comes from torch's RNG, and the advantages are normalised in float64;
 * --anneal-lr anneals over the whole run (CleanRL's counts the iteration within the phase);
-* the rollouts of a phase are checkpointed with it, so a run stopped mid-phase resumes exactly.
+* the rollouts of a phase are checkpointed with it, so a run stopped mid-phase resumes exactly: each policy
+  iteration's rollouts are a tensor of their own, which a checkpoint writes straight from memory, never copied first;
+  SIGTERM or Ctrl-C mid-phase writes them only up to --stop-rollouts-gb (a Procgen phase's 6.2 GB take 20-60 s to
+  write here, past a scheduler's 30 s grace: benchmarks/ppg_preemption.py), else stops at once, and the run resumes,
+  exactly too, from its last checkpoint (--checkpoint-every falls on phase ends), redoing the phase's iterations.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass
 
@@ -49,8 +54,10 @@ class Args(ppo.PolicyGradientArgs):
     """Toggle learning rate annealing for policy and value networks"""
     adv_norm_fullbatch: bool = True
     """Toggle full batch advantage normalization as used in PPG code"""
-    checkpoint_every: int = 32
-    """write a checkpoint every this many iterations (a multiple of --n-iteration: at phase ends, without rollouts) and always at the end"""
+    stop_rollouts_gb: float = 1.0
+    """on SIGTERM or Ctrl-C mid-phase, write the phase's stored rollouts with the checkpoint only up to this many GB per process (about 5 s to write); above it, stop at once without a checkpoint: the run resumes exactly from its last one, at a phase's end, redoing the iterations since"""
+    checkpoint_every: int | None = None
+    """write a checkpoint every this many iterations, a multiple of --n-iteration (default: --n-iteration, each phase's end, where the checkpoint holds no rollouts; another is rounded up to one), and always at the end"""
 
     # PPG specific arguments
     n_iteration: int = 32
@@ -85,6 +92,9 @@ AGENT_ROWS = False  # PettingZoo games refused: the auxiliary phase's stored rol
 
 RANGES = {
     **{name: check for name, check in ppo.RANGES.items() if name != "update_epochs"},
+    "stop_rollouts_gb": config.non_negative("the GB of stored rollouts a stop mid-phase writes with its checkpoint", 1e6),
+    "checkpoint_every": config.count("iterations between checkpoints", optional=True,
+                                     hint="Leave it out to checkpoint at each phase's end (every --n-iteration iterations)."),
     "n_iteration": config.count("policy iterations in a phase, before each auxiliary phase"),
     "e_policy": config.count("epochs over each batch in the policy phase"),
     "v_value": config.count("value epochs in the policy phase (CleanRL's PPG supports 1)", high=1),
@@ -98,6 +108,7 @@ RANGES = {
 def validate(args: Args, world_size: int = 1) -> None:
     """PPO's checks (with PPG's ranges), then the auxiliary phase's, before anything starts."""
     ppo.validate(args, world_size, RANGES)
+    args.checkpoint_every = phase_multiple(args.checkpoint_every, args.n_iteration)
     if args.async_batch is not None and args.async_batch != args.num_envs:
         raise FleetError(f"PPG keeps each env's whole rollout for its auxiliary phase, and --async-batch {args.async_batch} makes each "
                          f"step's row hold whichever envs were ready first. Leave --async-batch out (two env groups take turns) or "
@@ -106,6 +117,19 @@ def validate(args: Args, world_size: int = 1) -> None:
         raise FleetError("PPG's auxiliary phase changes the weights between rollouts that --policy-lag 1 overlaps with training. "
                          "Leave --policy-lag at 0 for ppg.")
     split_evenly(args.num_aux_rollouts, world_size, "The env rollouts of an auxiliary minibatch", "--num-aux-rollouts")
+
+
+def phase_multiple(checkpoint_every: int | None, n_iteration: int) -> int:
+    """--checkpoint-every as a whole number of phases: a checkpoint mid-phase holds the phase's stored rollouts (up to
+    6.4 GB at Procgen's defaults), which only a SIGTERM or the run's end should pay for. Rounded up, with a note."""
+    if checkpoint_every is None:
+        return n_iteration
+    rounded = -(-checkpoint_every // n_iteration) * n_iteration
+    if rounded != checkpoint_every and os.environ.get("RANK", "0") == "0":  # every torchrun rank validates; rank 0 says it
+        print(f"fleetrl: note: --checkpoint-every {checkpoint_every} is rounded up to {rounded}, a multiple of --n-iteration "
+              f"{n_iteration}: PPG checkpoints at a phase's end, where it holds no rollouts (a checkpoint mid-phase writes every "
+              f"rollout stored in the phase). Pass a multiple of {n_iteration} to choose another.", file=sys.stderr, flush=True)
+    return rounded
 
 
 # ============================================================================ network
@@ -157,14 +181,18 @@ def unflatten01(arr: torch.Tensor, targetshape: tuple[int, ...]) -> torch.Tensor
 class AuxiliaryPhase:
     """Keeps each policy iteration's rollouts (observations, in their own dtype, and returns, ``(num_steps, rollouts)``)
     and, after every --n-iteration-th iteration, distils. Checkpointed with the run (``run.register_shard``): the
-    rollouts stored so far in the phase, none at a phase's end."""
+    rollouts stored so far in the phase, none at a phase's end.
+
+    The observations are one tensor per policy iteration, ``(num_steps, num_envs, *obs)``, not one for the phase:
+    torch.save writes a tensor's whole storage, so a checkpoint of a phase-wide tensor would copy out the stored part
+    first (6.4 GB more memory at Procgen's defaults, and its time); separate tensors are written as they are."""
 
     def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, sampler):
-        self.args, self.dist, self.device = run.args, run.dist, run.device
+        self.run, self.args, self.dist, self.device = run, run.args, run.dist, run.device
         self.agent, self.optimizer, self.grad_sync = agent, optimizer, grad_sync
         self.num_envs = run.local_num_envs
         self.aux_batch_rollouts = self.num_envs * self.args.n_iteration  # this rank's
-        self.aux_obs: torch.Tensor | None = None  # made at the first rollout, in its observations' dtype (uint8 frames save RAM)
+        self.aux_obs: list[torch.Tensor] = []  # one per policy iteration of the phase, made at the first rollout, in its observations' dtype (uint8 frames save RAM)
         self.aux_returns = torch.zeros((self.args.num_steps, self.aux_batch_rollouts))
         self.stored = 0  # rollouts kept in this phase
         run.register_shard(aux_rollouts=self)
@@ -172,11 +200,11 @@ class AuxiliaryPhase:
     def after_update(self, iteration: int, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """After iteration ``iteration``'s policy update: keep its rollout; at a phase's end, the auxiliary phase."""
         args = self.args
-        if self.aux_obs is None:
-            self.aux_obs = torch.zeros((args.num_steps, self.aux_batch_rollouts, *batch["obs"].shape[1:]), dtype=batch["obs"].dtype)
+        if not self.aux_obs:
+            self.aux_obs = self._obs_storage(batch["obs"].shape[1:], batch["obs"].dtype)
         # PPG Storage - Rollouts are saved without flattening for sampling full rollouts later:
         storage_slice = slice(self.stored, self.stored + self.num_envs)
-        self.aux_obs[:, storage_slice] = unflatten01(batch["obs"], (args.num_steps, self.num_envs)).cpu()
+        self.aux_obs[self.stored // self.num_envs].copy_(unflatten01(batch["obs"], (args.num_steps, self.num_envs)))
         self.aux_returns[:, storage_slice] = unflatten01(batch["returns"], (args.num_steps, self.num_envs)).cpu()
         self.stored += self.num_envs
         if iteration % args.n_iteration:
@@ -188,6 +216,29 @@ class AuxiliaryPhase:
         self.stored = 0
         return stats
 
+    def _stop_before_a_large_write(self) -> None:
+        """The checkpoint of a stop (SIGTERM, Ctrl-C) mid-phase is not written if the phase's stored rollouts are more than
+        --stop-rollouts-gb: writing them could outlast the grace before SIGKILL. The run stops at once instead, and its
+        last checkpoint (at a phase's end, or where an earlier stop wrote its rollouts) resumes it exactly, redoing the
+        iterations since. Asked as the checkpoint is written, whenever in the iteration the signal came."""
+        stored_gb = sum(obs.nbytes for obs in self.aux_obs[: self.stored // self.num_envs]) / 1e9
+        if stored_gb <= self.args.stop_rollouts_gb or not self.run.stop_requested():  # every rank decides alike
+            return
+        if self.dist.is_main:
+            last = self.run.last_checkpoint
+            print(f"fleetrl: stopping mid-phase without a checkpoint: the phase's {stored_gb:.1f} GB of stored rollouts (per process) "
+                  f"are more than --stop-rollouts-gb {self.args.stop_rollouts_gb:g}, and writing them could outlast the grace before "
+                  f"SIGKILL. " + (f"--resume auto continues, exactly, from the last checkpoint, {last}, redoing the iterations since."
+                                  if last else "No checkpoint was written yet: --resume auto starts the run again."), file=sys.stderr, flush=True)
+        raise self.run.stopped()  # exits as a stop does (143 for SIGTERM), naming the checkpoint that holds the run
+
+    def _obs_storage(self, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+        return [torch.zeros((self.args.num_steps, self.num_envs, *shape), dtype=dtype) for _ in range(self.args.n_iteration)]
+
+    def rollouts(self, inds: np.ndarray) -> torch.Tensor:
+        """The stored env rollouts ``inds`` (numbered in the order they were stored), ``(num_steps, len(inds), *obs)``."""
+        return torch.stack([self.aux_obs[i // self.num_envs][:, i % self.num_envs] for i in inds], dim=1)
+
     def distil(self, rollouts: int) -> dict[str, torch.Tensor]:
         """--e-auxiliary epochs over the phase's ``rollouts`` env rollouts, --num-aux-rollouts of them a minibatch."""
         args, agent, optimizer, device = self.args, self.agent, self.optimizer, self.device
@@ -198,7 +249,7 @@ class AuxiliaryPhase:
         aux_pi = torch.zeros((args.num_steps, rollouts, agent.actor.out_features))
         for start in range(0, rollouts, num_aux_rollouts):
             aux_minibatch_ind = aux_inds[start : start + num_aux_rollouts]
-            m_aux_obs = self.aux_obs[:, aux_minibatch_ind].to(device)
+            m_aux_obs = self.rollouts(aux_minibatch_ind).to(device)
             with torch.no_grad():
                 pi_logits = agent.get_pi(flatten01(m_aux_obs)).logits.cpu().clone()
             aux_pi[:, aux_minibatch_ind] = unflatten01(pi_logits, m_aux_obs.shape[:2])
@@ -209,7 +260,7 @@ class AuxiliaryPhase:
             np.random.shuffle(aux_inds)
             for i, start in enumerate(range(0, rollouts, num_aux_rollouts)):
                 aux_minibatch_ind = aux_inds[start : start + num_aux_rollouts]
-                m_aux_obs = flatten01(self.aux_obs[:, aux_minibatch_ind].to(device))  # Sample full rollouts for PPG instead of random indexes
+                m_aux_obs = flatten01(self.rollouts(aux_minibatch_ind).to(device))  # Sample full rollouts for PPG instead of random indexes
                 m_aux_returns = flatten01(self.aux_returns[:, aux_minibatch_ind].to(torch.float32).to(device))
 
                 new_pi, new_values, new_aux_values = agent.get_pi_value_and_aux_value(m_aux_obs)
@@ -232,18 +283,28 @@ class AuxiliaryPhase:
                          "aux/real_value_loss": real_value_loss.detach()}
         return stats
 
-    def state_dict(self) -> dict[str, torch.Tensor | int]:
-        stored = slice(0, self.stored)
-        return {"stored": self.stored, "aux_returns": self.aux_returns[:, stored].clone(),
-                "aux_obs": self.aux_obs[:, stored].clone() if self.aux_obs is not None else torch.zeros(0)}
+    def state_dict(self) -> dict[str, torch.Tensor | int | list[torch.Tensor]]:
+        """The stored rollouts: their observation tensors themselves (written from memory, not copied), the returns
+        (small) copied out. For a stop's checkpoint with more than --stop-rollouts-gb of them it raises the run's stop
+        instead, before any file of the checkpoint is opened (:meth:`_stop_before_a_large_write`)."""
+        self._stop_before_a_large_write()
+        return {"stored": self.stored, "aux_returns": self.aux_returns[:, : self.stored].clone(),
+                "aux_obs": self.aux_obs[: self.stored // self.num_envs]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.stored = int(state["stored"])
-        if self.stored:
-            obs = state["aux_obs"]
-            self.aux_obs = torch.zeros((self.args.num_steps, self.aux_batch_rollouts, *obs.shape[2:]), dtype=obs.dtype)
-            self.aux_obs[:, : self.stored] = obs
-            self.aux_returns[:, : self.stored] = state["aux_returns"]
+        stored, obs = int(state["stored"]), state["aux_obs"]
+        if isinstance(obs, torch.Tensor):  # an earlier fleetrl's checkpoint: the phase's rollouts in one tensor
+            obs = list(obs.split(self.num_envs, dim=1)) if stored else []
+        if stored % self.num_envs or len(obs) != stored // self.num_envs or stored >= self.aux_batch_rollouts:
+            raise FleetError(f"The checkpoint holds {stored} rollouts of an unfinished auxiliary phase, which does not fit this run's "
+                             f"phase of --n-iteration {self.args.n_iteration} x {self.num_envs} envs per process. Resume it with the "
+                             f"--n-iteration and --num-envs it was trained with.")
+        self.stored = stored
+        if stored:
+            self.aux_obs = self._obs_storage(obs[0].shape[2:], obs[0].dtype)
+            for mine, saved in zip(self.aux_obs, obs):
+                mine.copy_(saved)  # from the mapped checkpoint file (fleetrl.checkpoint.load_shard): read once
+            self.aux_returns[:, :stored] = state["aux_returns"]
 
 
 # ============================================================================ training
