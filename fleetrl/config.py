@@ -49,7 +49,7 @@ AGENT_ROWS_READER: Callable[[str, dict | None], tuple[bool, list[str]]] | None =
 def check_agent_rows(env_id: str, family: str, algo: str, command: str, algorithm_file: dict[str, str] | None = None) -> None:
     """The one refusal of a PettingZoo game (``family`` multiagent*) by an algorithm whose file does not say that it trains
     agent rows. ``command`` trains the algorithm (``fleetrl train ALGO`` or the user's own), ``algorithm_file`` is the
-    user's file this process trains (:attr:`fleetrl.run.Run.algorithm_file`), if any."""
+    user's file this process trains (:func:`fleetrl.run_setup.training_code`), if any."""
     if not family.startswith("multiagent"):
         return
     declared, accepting = AGENT_ROWS_READER(algo, algorithm_file) if AGENT_ROWS_READER is not None else (False, [])

@@ -12,7 +12,7 @@ import numpy as np
 import tyro
 
 from fleetrl import checkpoint, config, runtime
-from fleetrl.algos import source
+from fleetrl.algos import eval_code
 from fleetrl.envs import episode_stats, make_vector_env
 from fleetrl.envs.registry import MULTIAGENT_FAMILIES, env_family, env_id_for_checkpoint
 from fleetrl.errors import FleetError
@@ -59,7 +59,7 @@ def evaluate(args: EvalArgs) -> dict:
     env_id = env_id_for_checkpoint(train_args["env_id"], args.env_id, str(path), f"fleetrl eval {shlex.quote(args.checkpoint)}")
     runtime.seed_everything(args.seed, True)
     runtime.set_torch_threads(None)
-    algo = source.for_checkpoint(state, str(path), args.algo_file)  # the code it was trained with, never a built-in in its place
+    algo = eval_code.for_checkpoint(state, str(path), args.algo_file)  # the code it was trained with, never a built-in in its place
     # videos go to the run folder: the parent of its checkpoints/ folder (or the folder of a file kept elsewhere)
     run_dir = checkpoint.run_folder_of(path) or path.parent
     video_dir = str(run_dir / "videos_eval") if args.capture_video else None

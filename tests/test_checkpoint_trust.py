@@ -135,7 +135,7 @@ def test_eval_never_imports_the_module_a_checkpoint_names_for_its_algorithm(tmp_
 
 
 def test_code_the_user_ran_is_loaded_from_its_verified_bytes_never_by_the_recorded_module_name(tmp_path, tiny_cartpole_run, monkeypatch):
-    from fleetrl.algos import source, trusted
+    from fleetrl.algos import eval_code, trusted
     from fleetrl.errors import FleetError
 
     download = shipped_run(tmp_path, tiny_cartpole_run.run_dir, "CartPole-v1")
@@ -145,7 +145,7 @@ def test_code_the_user_ran_is_loaded_from_its_verified_bytes_never_by_the_record
     monkeypatch.chdir(download.folder)
     monkeypatch.syspath_prepend(str(download.folder))  # `python -m fleetrl` puts the current folder first
     with pytest.raises(FleetError, match="is not a fleetrl algorithm"):  # the empty file was loaded, by its path
-        source.for_checkpoint(checkpoint.load_checkpoint(download.run), "run", None)
+        eval_code.for_checkpoint(checkpoint.load_checkpoint(download.run), "run", None)
     assert not download.marker.exists()
     monkeypatch.delitem(sys.modules, "empty_algo", raising=False)
 
@@ -154,7 +154,7 @@ def test_code_the_user_ran_is_loaded_from_its_verified_bytes_never_by_the_record
 def test_a_run_folder_trained_under_another_home_needs_its_file_named_once(tmp_path, monkeypatch):
     """The tarball case: a colleague trains their own file under their home; the run folder and the file reach this user,
     who owns both once unpacked. Eval asks for --algo-file once, then remembers the file."""
-    from fleetrl.algos import source
+    from fleetrl.algos import eval_code
     from fleetrl.errors import FleetError
     from fleetrl.tools.new import template
 
@@ -174,7 +174,7 @@ def test_a_run_folder_trained_under_another_home_needs_its_file_named_once(tmp_p
 
     monkeypatch.setenv("FLEETRL_HOME", str(mine))
     with pytest.raises(FleetError, match=f"--algo-file {file}") as refused:
-        source.for_checkpoint(state, str(run_dir), None)
+        eval_code.for_checkpoint(state, str(run_dir), None)
     assert "shared_algo_t" not in sys.modules and "you have no record of code you ran yet" in str(refused.value)
     named = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--algo-file", str(file), "--json")
     assert named.returncode == 0, named.stderr[-3000:]

@@ -26,6 +26,7 @@ FORBIDDEN = {
     "fleetrl.monitor": ("fleetrl.sampling", "fleetrl.run", "fleetrl.algos", "fleetrl.offpolicy", "fleetrl.learner", *TOP),
     "fleetrl.sampling": ("fleetrl.run", "fleetrl.algos", "fleetrl.offpolicy", "fleetrl.learner", *TOP),
     "fleetrl.run": ("fleetrl.algos", *TOP),
+    "fleetrl.run_setup": ("fleetrl.run", "fleetrl.algos", *TOP),
     "fleetrl.algos": TOP,
     **{m: ("fleetrl.run", "fleetrl.algos", *TOP) for m in ("fleetrl.errors", "fleetrl.config", "fleetrl.cores", "fleetrl.nets",
                                                          "fleetrl.accel", "fleetrl.distributed", "fleetrl.checkpoint",

@@ -215,24 +215,25 @@ def test_eval_uses_the_files_own_network_and_refuses_an_edited_or_missing_file(t
 def test_eval_runs_no_file_that_belongs_to_another_user(tmp_path):
     if os.geteuid() != 0:
         skip_unless_ci("giving a file to another user needs root")
-    from fleetrl.algos import source
+    from fleetrl.algos import eval_code
+    from fleetrl.algos.source import sha256_of
     from fleetrl.errors import FleetError
 
     file = tmp_path / "theirs.py"
     file.write_text("raise SystemExit('this code must not run')\n")
     os.chown(file, 65534, 65534)
-    state = {"algo": "theirs", "algo_file": {"kind": "file", "module": "theirs", "path": str(file), "sha256": source.sha256_of(file)}}
+    state = {"algo": "theirs", "algo_file": {"kind": "file", "module": "theirs", "path": str(file), "sha256": sha256_of(file)}}
     with pytest.raises(FleetError, match="belongs to another user"):
-        source.for_checkpoint(state, "ckpt.pt", None)
+        eval_code.for_checkpoint(state, "ckpt.pt", None)
 
 
 def test_a_checkpoint_of_an_unknown_algorithm_without_a_file_record_is_refused_not_built_in(tmp_path):
-    from fleetrl.algos import source
+    from fleetrl.algos import eval_code
     from fleetrl.errors import FleetError
 
     with pytest.raises(FleetError, match="--algo-file"):
-        source.for_checkpoint({"algo": "my_ppo"}, "ckpt.pt", None)
-    assert source.for_checkpoint({"algo": "dqn"}, "ckpt.pt", None).__name__ == "fleetrl.algos.dqn"  # older checkpoints
+        eval_code.for_checkpoint({"algo": "my_ppo"}, "ckpt.pt", None)
+    assert eval_code.for_checkpoint({"algo": "dqn"}, "ckpt.pt", None).__name__ == "fleetrl.algos.dqn"  # older checkpoints
 
 
 # ------------------------------------------------------------------------------------------ a module path
@@ -335,9 +336,9 @@ def test_the_algorithm_a_command_trains_is_forgotten_when_it_ends(tmp_path):
     """`fleetrl train` run in this process records its file for its checkpoints only: a train() called after it here
     (a test, a notebook) must not record another algorithm's file."""
     from conftest import run_fleetrl_in_process
-    from fleetrl.run import Run
+    from fleetrl import run_setup
 
     proc = run_fleetrl_in_process("train", "ppo", *train_flags("ppo", 128, tmp_path / "run"), "--num-steps", "64")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert saved(tmp_path / "run")["algo_file"]["module"] == "fleetrl.algos.ppo"
-    assert Run.algorithm_file is None and Run.algorithm_command is None
+    assert run_setup.training_code() is None and run_setup.command_for("ppo") == "fleetrl train ppo"

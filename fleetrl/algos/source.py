@@ -1,10 +1,10 @@
 """Where an algorithm's code comes from: a built-in (`ppo`), a user's file (`./my_ppo.py`) or a user's module
-(`mypkg.my_algo`), and the record of it that checkpoints keep, so `fleetrl eval` rebuilds the policy with that code.
+(`mypkg.my_algo`), loaded for the command that names it (`fleetrl train`, `python FILE`: :func:`train_main`), with the
+record of it that checkpoints keep.
 
 Importing a file runs its code, so fleetrl imports a user's algorithm only when the user names it (`fleetrl train FILE`,
-`python FILE`, `fleetrl eval --algo-file FILE`), or when `fleetrl eval` finds the file at the place its checkpoint recorded
-and its bytes hash to a sha256 on this user's record of the code they ran (fleetrl/algos/trusted.py). Those bytes are then
-imported from that path; nothing a checkpoint records is ever handed to an importer (docs/engine.md, "Whose code runs").
+`python FILE`, `fleetrl eval --algo-file FILE`), or, for `fleetrl eval`, from the very bytes of a file that the user ran
+before (fleetrl/algos/eval_code.py and trusted.py; docs/engine.md, "Whose code runs").
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-from fleetrl import config
+from fleetrl import config, run_setup
 from fleetrl.algos import ALGOS, trusted
 from fleetrl.errors import FleetError, exit_on_error
-from fleetrl.run import Run
 
 REQUIRED = ("Args", "train")  # what `fleetrl train` needs of a file; `fleetrl eval` also needs policy_from_checkpoint
 EXAMPLE = "fleetrl train ppo --env-id CartPole-v1, or your own file: fleetrl new my_ppo --from ppo, then fleetrl train ./my_ppo.py"
@@ -69,12 +67,12 @@ def load(spec: str, command: str | None = None) -> tuple[ModuleType, AlgoSource]
         return module, _source_of(module, "builtin", command)
     if is_file_spec(spec):
         module = import_file(spec)
-        return _checked(module, spec), _source_of(module, "file", command)
+        return checked(module, spec), _source_of(module, "file", command)
     if not all(part.isidentifier() for part in spec.split(".")):
         raise FleetError(f"`fleetrl train` needs an algorithm: one of {', '.join(ALGOS)}, a file (./my_algo.py) or a module "
                          f"(mypkg.my_algo); got {spec!r}. Example: {EXAMPLE}")
     module = _import_user_code(spec, lambda: _import_module(spec), spec)
-    return _checked(module, spec), _source_of(module, "module", command)
+    return checked(module, spec), _source_of(module, "module", command)
 
 
 def import_file(path: str, verified: bytes | None = None) -> ModuleType:
@@ -145,7 +143,7 @@ def _import_user_code(spec: str, execute, where: str) -> ModuleType:
                          f"Fix it and run again; `python {where}` shows the same error. Its traceback:\n{shown.rstrip()}") from None
 
 
-def _checked(module: ModuleType, spec: str) -> ModuleType:
+def checked(module: ModuleType, spec: str) -> ModuleType:
     missing = [name for name in REQUIRED if not hasattr(module, name)]
     if missing:
         raise FleetError(f"{spec} is not a fleetrl algorithm: it defines no {' and no '.join(missing)}. An algorithm file defines "
@@ -201,67 +199,6 @@ def _train(module: ModuleType, source: AlgoSource, argv: list[str], prog: str) -
     args = tyro.cli(module.Args, args=argv, prog=prog)
     if source.kind != "builtin":  # the user named this code: `fleetrl eval` of its checkpoints may import it again
         trusted.remember(source.sha256, source.path)
-    Run.trains(source.record(), source.command)  # checkpoints record the code, for eval
-    try:
+    # checkpoints record the code, for eval; a later train() called in this process (a test, a notebook) is not this file's
+    with run_setup.training(source.record(), source.command):
         module.train(args, explicit=config.explicit_fields(argv, module.Args))
-    finally:  # a later train() called in this process (a test, a notebook) is not this file's
-        Run.trains(None, None)
-
-
-# ---- evaluation: which code rebuilds a checkpoint's policy ----------------------------------------------------------
-
-
-def for_checkpoint(state: dict[str, Any], checkpoint: str, algo_file: str | None) -> ModuleType:
-    """The module whose ``policy_from_checkpoint`` rebuilds this checkpoint's policy: the file or module the user names
-    (``--algo-file``); else the built-in the checkpoint names; else the file at the recorded place, when its bytes hash to
-    the recorded sha256 and that sha256 is on this user's record of the code they ran. Never a built-in for a checkpoint of
-    a user's file, and never a name the checkpoint records handed to an importer."""
-    record = state.get("algo_file") if isinstance(state.get("algo_file"), dict) else None
-    algo = state.get("algo", "ppo")
-    rerun = f"fleetrl eval {shlex.quote(checkpoint)} --algo-file FILE"
-    if algo_file is not None:
-        module, named = load(algo_file, command="")
-        if record is not None and record.get("sha256") != named.sha256:
-            print(f"fleetrl eval: {algo_file} (sha256 {named.sha256[:16]}...) is not the code this checkpoint was trained with "
-                  f"({record.get('path')}, sha256 {str(record.get('sha256'))[:16]}...); evaluating with it as you asked.", file=sys.stderr)
-        module = _with_policy(module, algo_file)
-        if named.kind != "builtin":
-            trusted.remember(named.sha256, named.path)
-        return module
-    if record is None or record.get("kind") == "builtin":
-        if record is None and algo not in ALGOS:
-            raise FleetError(f"{checkpoint} was trained by the algorithm {algo!r}, which is not built in, and it records no file. "
-                             f"Name the algorithm's file: {rerun}")
-        name = str(record["module"]).rsplit(".", 1)[-1] if record is not None else algo
-        if name not in ALGOS:
-            raise FleetError(f"{checkpoint} names the built-in algorithm {name!r}, which this fleetrl does not have. Name its file: {rerun}")
-        return importlib.import_module(f"fleetrl.algos.{name}")  # one of fleetrl's own, from the fixed list
-    path, recorded = Path(str(record.get("path"))), str(record.get("sha256"))
-    if not path.is_file():
-        raise FleetError(f"{checkpoint} was trained with the algorithm file {path} (sha256 {recorded}), which is not there any more. "
-                         f"fleetrl rebuilds the policy with that file's own code, never a built-in network. Name the file (or a copy "
-                         f"of it): {rerun}")
-    rerun_with = rerun.replace("FILE", shlex.quote(str(path)))
-    data = path.read_bytes()  # hashed, then these bytes are what runs
-    now = hashlib.sha256(data).hexdigest()
-    if now != recorded:
-        raise FleetError(f"The algorithm file {path} has changed since {checkpoint} was trained: its sha256 is {now}, the checkpoint "
-                         f"recorded {recorded}. Restore the file as it was (e.g. from git), or name a file to evaluate with as it "
-                         f"is now: {rerun_with}")
-    if hasattr(os, "getuid") and path.stat().st_uid != os.getuid():
-        raise FleetError(f"{checkpoint} was trained with {path}, which belongs to another user, and fleetrl runs no one else's code "
-                         f"on a checkpoint's word. If you trust it, name it: {rerun_with}")
-    ran, why = trusted.knows(now)
-    if not ran:
-        raise FleetError(f"{checkpoint} was trained with the algorithm file {path} (sha256 {now[:16]}...), and fleetrl finds no sign that "
-                         f"you ran that code yourself: {why}. A checkpoint alone never makes fleetrl import code, and a file being "
-                         f"yours (unpacked from a tarball, cloned) is not enough. Read the file; if you trust it, name it once and "
-                         f"fleetrl remembers it: {rerun_with}")
-    return _with_policy(_checked(import_file(str(path), verified=data), str(path)), str(path))
-
-
-def _with_policy(module: ModuleType, spec: str) -> ModuleType:
-    if not hasattr(module, "policy_from_checkpoint"):
-        raise FleetError(f"{spec} defines no policy_from_checkpoint(state, envs, deterministic), which `fleetrl eval` calls to rebuild "
-                         f"the trained policy with the file's own network. Add it (the templates from `fleetrl new` have one).")
-    return module
