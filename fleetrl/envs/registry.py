@@ -114,10 +114,11 @@ class EnvFamily:
 MULTIAGENT_FAMILIES = ("multiagent", "multiagent-image")  # PettingZoo games: vector observations, or images (a CNN)
 
 
-def read_built(make: Callable[[], gym.Env], read: Callable[[gym.Env], T], env_id: str, env_timeout: float | None = ENV_TIMEOUT_S) -> T:
-    """``read(env)`` of an env built with ``make`` only for that (its spaces), then closed; the build gets as long as an
-    env worker's (``env_timeout``, at least 30 s; 0 or None: forever), the read and the close ``env_timeout``. An env
-    that hangs there ends it in one paragraph, its thread left behind until the process exits (fleetrl/envs/bounded.py)."""
+def built_and_read(make: Callable[[], gym.Env], read: Callable[[gym.Env], T], env_timeout: float | None = ENV_TIMEOUT_S,
+                   name: str = "fleetrl-env-spaces") -> T:
+    """``read(env)`` of an env built with ``make`` only for that, then closed, each call within its deadline (the build
+    as long as an env worker's: ``env_timeout``, at least 30 s; 0 or None: forever). Raises :class:`ProbeHung` for a call
+    that hangs, its thread left behind until the process exits (fleetrl/envs/bounded.py)."""
 
     def build_and_read(watch) -> T:
         env = watch.call("construction", make)
@@ -126,8 +127,13 @@ def read_built(make: Callable[[], gym.Env], read: Callable[[gym.Env], T], env_id
         finally:
             watch.call("close", env.close)
 
+    return run_bounded(build_and_read, env_timeout, name=name)
+
+
+def read_built(make: Callable[[], gym.Env], read: Callable[[gym.Env], T], env_id: str, env_timeout: float | None = ENV_TIMEOUT_S) -> T:
+    """:func:`built_and_read` for an env built to read its spaces: one that hangs ends it in one paragraph."""
     try:
-        return run_bounded(build_and_read, env_timeout, name="fleetrl-env-spaces")
+        return built_and_read(make, read, env_timeout)
     except ProbeHung as hung:
         raise FleetError(f"{env_id} was built to read its spaces, and its {hung.what} gave no answer within {hung.timeout:g} s: it "
                          f"hangs (waiting for a server, a lock, a prompt?). Fix what it waits for, or give it longer with "

@@ -23,8 +23,8 @@ from typing import Callable
 
 import gymnasium as gym
 
-from fleetrl.envs.probe import ENV_TIMEOUT_S, ProbeFailed, ProbeHung, StepCost, declared_thread_safe, measure_step, run_bounded, steps_alike_in_threads
-from fleetrl.envs.registry import EnvFactory, EnvFamily
+from fleetrl.envs.probe import ENV_TIMEOUT_S, ProbeFailed, ProbeHung, StepCost, declared_thread_safe, measure_step, steps_alike_in_threads
+from fleetrl.envs.registry import EnvFactory, EnvFamily, built_and_read
 from fleetrl.errors import FleetError
 
 WAITS_BELOW = 0.5  # a step whose CPU share is below this waits more than it computes
@@ -130,16 +130,8 @@ def _thread_safety(env_id: str, family: EnvFamily, env_timeout: float | None = E
     """Whether copies of the env may step from several threads at once (False also when that cannot be told), and how
     that was found out."""
     make = make_env or EnvFactory(env_id, family.name)
-
-    def declared_by_a_copy(watch) -> bool | None:
-        env = watch.call("construction", make)
-        try:
-            return declared_thread_safe(env)
-        finally:
-            watch.call("close", env.close)
-
     try:
-        declared = run_bounded(declared_by_a_copy, env_timeout, name="fleetrl-thread-check")
+        declared = built_and_read(make, declared_thread_safe, env_timeout, name="fleetrl-thread-check")
         if declared is not None:
             return declared, f"its metadata says thread_safe={declared}"
         alike = steps_alike_in_threads(env_id, family, env_timeout=env_timeout, make_env=make)
