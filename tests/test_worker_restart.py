@@ -6,6 +6,7 @@ failure and checks what the step that met it returns, that later steps are norma
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -265,21 +266,19 @@ class ConstructorHangsEnv(gym.Env):
 
 NEVER = threading.Event()
 gym.register("fleetrl_test_hang/ConstructorHangs-v0", entry_point=ConstructorHangsEnv)
-TEST_PROCESS = os.getpid()
 
 
 class HangsInWorkersEnv(ConstructorHangsEnv):
     """Built here (gymnasium's AsyncVectorEnv builds one for the spaces), it is fine; in a worker process it hangs."""
 
     def __init__(self):
-        if os.getpid() != TEST_PROCESS:
+        # a worker imports this module afresh (so a pid taken at import would be its own): ask multiprocessing instead
+        if multiprocessing.parent_process() is not None:
             time.sleep(3600)
 
 
 @pytest.mark.parametrize("build", ["env_family", "SharedMemoryVectorEnv", "make_vec", "gym-async"])
 def test_an_env_built_only_for_its_spaces_that_hangs_ends_in_one_paragraph_in_bounded_time(build, monkeypatch):
-    import multiprocessing
-
     from fleetrl.envs import env_family, make_vec, vector
     from fleetrl.envs.shm import supervisor
 
