@@ -8,7 +8,7 @@ EXTRAS ?= atari,mujoco,envpool,video,tune,track,stats,multiagent,dev
 TORCH_CPU ?= torch==2.13.0
 STAMP  := $(VENV)/.fleetrl-installed
 
-.PHONY: setup train test test-fast clean
+.PHONY: setup train test test-fast bench-learning clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: setup
 
 test-fast: setup
 	$(call run_suite, and not slow)
+
+# The learning runs of minutes that `make test` leaves out (it keeps a check of about 20 s per algorithm): each
+# algorithm to its bar, one table (benchmarks/learning.py; e.g. make bench-learning ARGS="--suite full --seeds 1-3")
+bench-learning: setup
+	$(PY) benchmarks/learning.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info .pytest_cache

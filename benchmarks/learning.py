@@ -1,0 +1,315 @@
+"""Learning at budgets of minutes (`make bench-learning`): runs to a bar, one table. `make test` keeps a check of about
+20 s per algorithm (tests/test_learning.py); these are the longer runs it used to make, and the comparisons.
+
+    python benchmarks/learning.py                        # every algorithm's check at its old test budget and bar, seed 1
+    python benchmarks/learning.py --only sac,td3 --seeds 1-3
+    python benchmarks/learning.py --suite full           # full budgets: PPO's seeds to 475, DQN's 500k, SAC and TD3 to 950
+    python benchmarks/learning.py --suite memory --png docs/img/lstm_memory.png   # ppo_lstm against ppo, no velocities
+    python benchmarks/learning.py --suite cheetah        # SAC and TD3 against CleanRL's loop on HalfCheetah-v5, 50k steps
+    python benchmarks/learning.py --suite multiagent     # shared PPO, independent learners, random: simple_spread
+
+Each run is its own process with one torch thread, `--parallel` at a time (2), so a row's seconds are its cost on a
+shared machine, not a speed. A run's score is the best rolling mean of its last `window` episode returns ("best"), or
+the mean of its last `window` ("last"); "reached" is the step of the episode at which that rolling mean first met the
+bar, and a run with a bar stops there (`--stop-at-return`) unless its suite compares whole curves. Exit status 1 if a
+check misses its bar on more seeds than it allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PENDULUM = ["--env-id", "InvertedPendulum-v5", "--env-backend", "sync"]
+CARTPOLE = ["--env-id", "CartPole-v1"]
+CHEETAH = ["--env-id", "HalfCheetah-v5"]
+SPREAD = ["--env-id", "mpe2.simple_spread_v3", "--num-envs", "6"]  # 2 games of 3 agents, every config
+# CleanRL's docs/benchmark, HalfCheetah-v4 at 1M steps, 3 seeds: for scale beside the cheetah suite's 50k
+PUBLISHED_1M = {"sac": "9,635 ± 1,424", "td3": "9,583 ± 126"}
+
+
+@dataclass
+class Check:
+    """One configuration's runs and how each is scored. ``command`` is `fleetrl train`'s arguments (the algorithm
+    first), or ``plain:ALGO`` / ``ippo`` / ``random`` and their flags for the baselines in benchmarks/."""
+
+    name: str
+    suites: tuple[str, ...]
+    command: list[str]
+    budget: int
+    bar: float | None
+    window: int = 10
+    score: str = "best"  # "best": the best rolling mean of `window`; "last": the mean of the last `window`
+    stop: bool = True  # stop at the bar (--stop-at-return) rather than run the whole budget
+    seeds: tuple[int, ...] = (1,)
+    share: float = 1.0  # the share of seeds that must meet the bar
+    eval_episodes: int = 0  # > 0: `fleetrl eval` the final policy; it must give at least 0.9x the last `window`
+    note: str = ""
+
+    @property
+    def env(self) -> str:
+        return self.command[self.command.index("--env-id") + 1]
+
+    def run_dir(self, out: Path, seed: int) -> Path:
+        return out / self.name / f"{self.env}__{seed}"  # `fleetrl compare`'s name for a seed of a folder's configuration
+
+
+CHECKS = [
+    # --- "checks": what tests/test_learning.py ran before issue 46, at its budgets and bars (seed 1 measured 2026-12-04;
+    # a random policy scores 22.7 on CartPole-v1 and CartPoleNoVel-v1, 5.1 on InvertedPendulum-v5)
+    Check("sac", ("checks",), ["sac", *PENDULUM, "--learning-starts", "1000", "--batch-size", "128"], 30_000, 300,
+          note="learning from 1k, minibatches of 128 (CleanRL: 5k, 256)"),
+    Check("ppo-pendulum", ("checks", "full"), ["ppo", "--env-id", "InvertedPendulum-v5"], 150_000, 950, eval_episodes=10,
+          note="and eval >= 0.9x the last 10 training episodes"),
+    Check("td3", ("checks",), ["td3", *PENDULUM, "--learning-starts", "5000"], 25_000, 100, note="learning from 5k (CleanRL: 25k)"),
+    Check("ddpg", ("checks",), ["ddpg", *PENDULUM, "--learning-starts", "5000"], 20_000, 75, note="TD3's settings"),
+    Check("sac_discrete", ("checks",), ["sac_discrete", *CARTPOLE], 30_000, 150),
+    Check("dqn", ("checks",), ["dqn", *CARTPOLE], 40_000, 150),
+    Check("ppo_lstm", ("checks",), ["ppo_lstm", "--env-id", "CartPoleNoVel-v1"], 30_000, 150, note="velocities hidden"),
+    Check("ppo-lag", ("checks",), ["ppo", *CARTPOLE, "--policy-lag", "1"], 100_000, 200, note="--policy-lag 1"),
+    Check("ppg", ("checks",), ["ppg", *CARTPOLE], 60_000, 200),
+    Check("ppo_rnd", ("checks",), ["ppo_rnd", *CARTPOLE], 60_000, 150),
+    Check("ppo", ("checks",), ["ppo", *CARTPOLE], 100_000, 200),
+    # --- "full": the full-budget comparisons, with CleanRL's defaults
+    Check("ppo-cartpole", ("full",), ["ppo", *CARTPOLE], 500_000, 475, window=20, seeds=(1, 2, 3), share=2 / 3,
+          note="two of three seeds"),
+    Check("ppo-lag-cartpole", ("full",), ["ppo", *CARTPOLE, "--policy-lag", "1"], 500_000, 475, window=20),
+    Check("dqn-cartpole", ("full",), ["dqn", *CARTPOLE], 500_000, 450, window=20, score="last", stop=False,
+          note="CleanRL: 488.69 ± 16.11"),
+    Check("sac-pendulum", ("full",), ["sac", *PENDULUM], 26_000, 950),
+    Check("td3-pendulum", ("full",), ["td3", *PENDULUM, "--learning-starts", "10000"], 46_000, 950,
+          note="from CleanRL's 25k it was still near 350 at 50k"),
+    # --- "memory": CartPole without its velocities; memory should matter (issue 25: every ppo_lstm seed reaches 400 within
+    # 300k, and memoryless ppo clearly lower)
+    Check("ppo_lstm-novel", ("memory",), ["ppo_lstm", "--env-id", "CartPoleNoVel-v1"], 300_000, 400, window=20, score="last",
+          stop=False, seeds=(1, 2, 3)),
+    Check("ppo-novel", ("memory",), ["ppo", "--env-id", "CartPoleNoVel-v1"], 300_000, None, window=20, score="last", stop=False,
+          seeds=(1, 2, 3), note="no bar: it should stay clearly below ppo_lstm"),
+    # --- "cheetah": fleetrl's SAC and TD3 against CleanRL's loop (benchmarks/plain_offpolicy.py), CleanRL's defaults on
+    # both sides, mean of the last 10 episodes (HalfCheetah's episodes are 1,000 steps)
+    *(Check(f"{algo}-{side}", ("cheetah",), [f"plain:{algo}" if side == "cleanrl" else algo, *CHEETAH], 50_000, None, score="last",
+            stop=False, note=f"CleanRL publishes {PUBLISHED_1M[algo]} at 1M (v4)") for algo in ("sac", "td3") for side in ("cleanrl", "fleetrl")),
+    # --- "multiagent": parameter-shared PPO against independent PPO learners (benchmarks/ippo_pettingzoo.py) and random
+    # actions, at equal agent steps; mean of each agent's last 300 episodes; `fleetrl compare` gives the intervals
+    Check("shared", ("multiagent",), ["ppo", *SPREAD], 500_000, None, window=300, score="last", stop=False, seeds=tuple(range(1, 11))),
+    Check("independent", ("multiagent",), ["ippo", *SPREAD], 500_000, None, window=300, score="last", stop=False, seeds=tuple(range(1, 11))),
+    Check("random", ("multiagent",), ["ippo", *SPREAD, "--random"], 500_000, None, window=300, score="last", stop=False,
+          seeds=tuple(range(1, 11))),
+]
+SUITES = ("checks", "full", "memory", "cheetah", "multiagent")
+
+
+def run_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def command(check: Check, seed: int, run_dir: Path) -> list[str]:
+    """The process that makes one run, with one torch thread, writing its episode returns into ``run_dir``."""
+    head, *flags = check.command
+    common = ["--seed", str(seed), "--total-timesteps", str(check.budget), "--run-dir", str(run_dir)]
+    if head.startswith("plain:"):
+        return [sys.executable, __file__, "--plain", head[len("plain:"):], *flags, *common]
+    if head == "ippo":
+        return [sys.executable, str(HERE / "ippo_pettingzoo.py"), *flags, *common]
+    stop = ["--stop-at-return", str(check.bar), "--stop-window", str(check.window)] if check.stop and check.bar is not None else []
+    return [sys.executable, "-m", "fleetrl", "train", head, *flags, *common, *stop, "--torch-threads", "1", "--no-cuda", "--no-progress",
+            "--checkpoint-every", "100000"]
+
+
+def returns_of(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(the step each episode ended at, its return): TensorBoard's charts/episodic_return, or a plain run's JSON."""
+    if (run_dir / "returns.json").exists():
+        saved = json.loads((run_dir / "returns.json").read_text())
+        return np.array(saved["steps"]), np.array(saved["returns"], float)
+    from fleetrl.monitor.tbread import read_scalars
+
+    points = read_scalars(run_dir, "charts/episodic_return")
+    return np.array([p.step for p in points]), np.array([p.value for p in points], float)
+
+
+def rolling(values: np.ndarray, window: int) -> np.ndarray:
+    return np.convolve(values, np.ones(window) / window, mode="valid") if len(values) >= window else np.array([])
+
+
+def run(check: Check, seed: int, out: Path) -> dict:
+    run_dir = check.run_dir(out, seed)
+    shutil.rmtree(run_dir, ignore_errors=True)  # afresh: never a resume of an earlier call's run
+    started = time.perf_counter()
+    proc = subprocess.run(command(check, seed, run_dir), capture_output=True, text=True, env=run_env(), cwd=ROOT)
+    result = {"check": check.name, "seed": seed, "wall_s": time.perf_counter() - started}
+    if proc.returncode != 0:
+        return {**result, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}", "met": False}
+    steps, returns = returns_of(run_dir)
+    means = rolling(returns, check.window)
+    if check.score == "best":
+        score = float(means.max()) if len(means) else float("nan")
+    else:
+        score = float(returns[-check.window:].mean()) if len(returns) else float("nan")
+    reached = np.flatnonzero(means >= check.bar) if check.bar is not None else []
+    result.update(score=score, episodes=len(returns), last_step=int(steps[-1]) if len(steps) else 0,
+                  reached_at=int(steps[reached[0] + check.window - 1]) if len(reached) else None,
+                  met=check.bar is None or score >= check.bar)
+    if check.eval_episodes:
+        evaluated = subprocess.run([sys.executable, "-m", "fleetrl", "eval", str(run_dir), "--episodes", str(check.eval_episodes), "--json"],
+                                   capture_output=True, text=True, env=run_env(), cwd=ROOT)
+        last = float(returns[-check.window:].mean())
+        mean = json.loads(evaluated.stdout.strip().splitlines()[-1])["mean_return"] if evaluated.returncode == 0 else float("nan")
+        result.update(eval_return=mean, last_training=last, met=result["met"] and mean >= 0.9 * last)
+    return result
+
+
+def needed(check: Check, seeds: int) -> int:
+    return math.ceil(check.share * seeds - 1e-9)
+
+
+def table(checks: list[Check], results: dict[str, list[dict]], host: str) -> str:
+    lines = [f"Host: {host}", "",
+             "| check | algorithm | env | seed | budget | bar | score | reached at step | eval | met | wall s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for check in checks:
+        head, env = check.command[0], check.env
+        kind = f"best rolling {check.window}" if check.score == "best" else f"last {check.window}"
+        bar = "-" if check.bar is None else f"{check.bar:g}"
+        for r in results[check.name]:
+            if "error" in r:
+                lines.append(f"| {check.name} | {head} | {env} | {r['seed']} | {check.budget:,} | {bar} | failed: {r['error'][:120]} | | | no | "
+                             f"{r['wall_s']:.0f} |")
+                continue
+            reached = f"{r['reached_at']:,}" if r["reached_at"] is not None else "-"
+            ev = f"{r['eval_return']:.0f} vs {r['last_training']:.0f}" if "eval_return" in r else ""
+            lines.append(f"| {check.name} | {head} | {env} | {r['seed']} | {check.budget:,} | {bar} | {r['score']:.1f} ({kind}) | {reached} | "
+                         f"{ev} | {'yes' if r['met'] else 'no'} | {r['wall_s']:.0f} |")
+        if len(results[check.name]) > 1 and check.bar is not None:
+            met = sum(r["met"] for r in results[check.name])
+            lines.append(f"| **{check.name}** | {met} of {len(results[check.name])} met, {needed(check, len(results[check.name]))} needed | "
+                         "| | | | | | | | |")
+    notes = [f"- {c.name}: {c.note}" for c in checks if c.note]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def plot(checks: list[Check], out: Path, png: str) -> None:
+    """Each run's rolling mean against the step, a colour per check."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for colour, check in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], checks):
+        for i, seed_dir in enumerate(sorted((out / check.name).glob(f"{check.env}__*"))):
+            steps, returns = returns_of(seed_dir)
+            ax.plot(steps[check.window - 1:], rolling(returns, check.window), color=colour, alpha=0.8, label=check.name if i == 0 else None)
+    ax.set(xlabel="environment steps", ylabel="rolling mean of episode returns")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print(f"curves: {png}")
+
+
+def plain(argv: list[str]) -> None:
+    """In a run's process: CleanRL's loop of SAC or TD3 (benchmarks/plain_offpolicy.py), its returns as JSON."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("algo")
+    for flag in ("--env-id", "--run-dir"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--total-timesteps", type=int, required=True)
+    opts = parser.parse_args(argv)
+    import importlib
+
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(HERE))
+    import plain_offpolicy
+
+    learning_starts = importlib.import_module(f"fleetrl.algos.{opts.algo}").FAMILY_DEFAULTS["mujoco"]["learning_starts"]  # as fleetrl's side
+    returns = getattr(plain_offpolicy, f"plain_{opts.algo}")(opts.env_id, opts.total_timesteps, learning_starts, seed=opts.seed).episode_returns
+    os.makedirs(opts.run_dir, exist_ok=True)
+    steps = [1000 * (k + 1) for k in range(len(returns))]  # one env, and HalfCheetah's episodes never end early: 1,000 steps
+    Path(opts.run_dir, "returns.json").write_text(json.dumps({"steps": steps, "returns": returns}))
+
+
+def cpu_model() -> str:
+    """The CPU's name and whether it has bf16: a learning bar must hold on both numerics paths."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), platform.machine())
+    return f"{name} ({'avx512_bf16' if 'avx512_bf16' in info else 'no bf16'})"
+
+
+def seed_list(text: str) -> tuple[int, ...]:
+    """``1-3`` or ``1,4,5``."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        seeds += range(int(low), int(high or low) + 1)
+    return tuple(seeds)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--plain"]:
+        return plain(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=SUITES, default="checks", help="which runs (default: checks)")
+    parser.add_argument("--only", help="comma-separated check names of the suite: " + "; ".join(
+        f"{s}: {','.join(c.name for c in CHECKS if s in c.suites)}" for s in SUITES))
+    parser.add_argument("--seeds", type=seed_list, help="seeds for every check, e.g. 1-3 or 1,4 (default: each check's own)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at the same time, one torch thread each")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "learning", help="the runs' folders (each started afresh)")
+    parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument("--png", help="also plot every run's rolling mean here")
+    opts = parser.parse_args()
+    checks = [c for c in CHECKS if opts.suite in c.suites]
+    if opts.only:
+        names = opts.only.split(",")
+        unknown = sorted(set(names) - {c.name for c in checks})
+        if unknown:
+            parser.error(f"--only {','.join(unknown)}: not a check of --suite {opts.suite}; its checks: {', '.join(c.name for c in checks)}")
+        checks = [c for c in checks if c.name in names]
+    out = opts.out.resolve() / opts.suite
+    jobs = [(check, seed) for check in checks for seed in (opts.seeds or check.seeds)]
+    started = time.perf_counter()
+    results: dict[str, list[dict]] = {c.name: [] for c in checks}
+    with ThreadPoolExecutor(opts.parallel) as pool:
+        for (check, _), result in zip(jobs, pool.map(lambda job: run(*job, out), jobs)):
+            results[check.name].append(result)
+            print(json.dumps(result), flush=True)
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    host = (f"{cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {opts.parallel} runs at a "
+            f"time, {time.strftime('%Y-%m-%d')}")
+    command_line = f"python benchmarks/learning.py {' '.join(sys.argv[1:])}".strip()
+    text = (f"`{command_line}`\n\n" + table(checks, results, host)
+            + f"\n\nWall time: {(time.perf_counter() - started) / 60:.1f} min")
+    print(text)
+    if opts.markdown:
+        opts.markdown.write_text(text + "\n")
+    if opts.png:
+        plot(checks, out, opts.png)
+    if opts.suite == "multiagent":  # rliable intervals over the seeds
+        subprocess.run([sys.executable, "-m", "fleetrl", "compare", *(str(out / c.name) for c in checks), "--labels",
+                        *(c.name for c in checks), "--out", str(out / "compare")], env=run_env(), check=False)
+    failed = [c.name for c in checks if c.bar is not None and sum(r["met"] for r in results[c.name]) < needed(c, len(results[c.name]))]
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
