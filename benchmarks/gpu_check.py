@@ -16,15 +16,11 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
 import torch
 
-from fleetrl.monitor.tbread import read_scalars
+from bench import med, table, train
 
 WARMUP_ITERATIONS = 2  # compile, cuDNN benchmark and allocator warm-up happen here
 ROWS = [  # name, processes, global envs, extra flags
@@ -38,26 +34,16 @@ ROWS = [  # name, processes, global envs, extra flags
 ]
 
 
-def run_row(processes: int, envs: int, flags: list[str], args: argparse.Namespace, run_dir: str, timeout: float) -> dict:
-    total = args.iterations * envs * args.num_steps
-    train = ["-m", "fleetrl", "train", "ppo", "--env-id", args.env_id, "--env-backend", args.backend,
-             "--num-envs", str(envs), "--num-steps", str(args.num_steps), "--total-timesteps", str(total),
-             "--no-progress", "--checkpoint-every", "100000", "--run-dir", run_dir,
-             "--cuda" if not args.cpu_smoke else "--no-cuda", *flags]
-    if processes == 1:
-        cmd = [sys.executable, *train]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", *train]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        return {"status": "FAILED", "wall_s": wall, "error": proc.stderr.strip().splitlines()[-5:]}
-    sps = [p.value for p in read_scalars(run_dir, "charts/SPS_window")][WARMUP_ITERATIONS:]
-    util = [p.value for p in read_scalars(run_dir, "resources/gpu_util")]
-    chosen = [line for line in proc.stdout.splitlines() if line.startswith(("precision:", "env backend:", "compile:"))]
-    return {"status": "ok", "wall_s": wall, "sps": statistics.median(sps) if sps else float("nan"),
-            "gpu_util": statistics.median(util) if util else float("nan"), "chosen": chosen}
+def run_row(processes: int, envs: int, flags: list[str], args: argparse.Namespace, timeout: float) -> dict:
+    r = train(["ppo", "--env-id", args.env_id, "--env-backend", args.backend, "--num-envs", str(envs), "--num-steps", str(args.num_steps),
+               "--total-timesteps", str(args.iterations * envs * args.num_steps), "--checkpoint-every", "100000",
+               "--cuda" if not args.cpu_smoke else "--no-cuda", *flags], ("charts/SPS_window", "resources/gpu_util"), timeout=timeout,
+              launcher=["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else None)
+    if "failed" in r:
+        return {"status": "FAILED", "wall_s": r["wall"], "error": (r["stderr"] or r["stdout"]).strip().splitlines()[-5:]}
+    chosen = [line for line in r["stdout"].splitlines() if line.startswith(("precision:", "env backend:", "compile:"))]
+    return {"status": "ok", "wall_s": r["wall"], "sps": med(r["charts/SPS_window"][WARMUP_ITERATIONS:]) or float("nan"),
+            "gpu_util": med(r["resources/gpu_util"]) or float("nan"), "chosen": chosen}
 
 
 def main() -> None:
@@ -82,32 +68,20 @@ def main() -> None:
               f"device: {device}; CPU cores: {os.cpu_count()}; torch {torch.__version__}; "
               f"CUDA {torch.version.cuda}; {time.strftime('%Y-%m-%d %H:%M')}\n")
     print(header, flush=True)
-    lines = ["| configuration | SPS (median after warm-up) | GPU util % (median) | wall s | chosen at start |", "| --- | --- | --- | --- | --- |"]
-    results = {}
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, processes, envs, flags) in enumerate(rows):
-            left = args.budget_s - (time.perf_counter() - start)
-            if left < 30:
-                results[name] = {"status": "skipped: out of budget"}
-                lines.append(f"| {name} | skipped (out of the {args.budget_s:.0f} s budget) | | | |")
-                continue
-            try:
-                r = run_row(processes, envs, flags, args, os.path.join(tmp, f"row{i}"), timeout=left)
-            except subprocess.TimeoutExpired:
-                r = {"status": "timed out", "wall_s": left}
-            results[name] = r
-            if r["status"] == "ok":
-                lines.append(f"| {name} | {r['sps']:,.0f} | {r['gpu_util']:.0f} | {r['wall_s']:.0f} | {'; '.join(r['chosen'])} |")
-            else:
-                lines.append(f"| {name} | {r['status']} | | {r.get('wall_s', 0):.0f} | {' / '.join(r.get('error', []))[-300:]} |")
-            print(lines[-1], flush=True)
-    table = header + "\n" + "\n".join(lines) + "\n"
-    print("\n" + table)
+    lines, results, start = [], {}, time.perf_counter()
+    for name, processes, envs, flags in rows:
+        left = args.budget_s - (time.perf_counter() - start)
+        r = run_row(processes, envs, flags, args, timeout=left) if left >= 30 else {"status": f"skipped (out of the {args.budget_s:.0f} s budget)"}
+        results[name] = r
+        lines.append([name, f"{r['sps']:,.0f}", f"{r['gpu_util']:.0f}", f"{r['wall_s']:.0f}", "; ".join(r["chosen"])] if r["status"] == "ok" else
+                     [name, r["status"], "", f"{r.get('wall_s', 0):.0f}", " / ".join(r.get("error", []))[-300:]])
+        print("| " + " | ".join(lines[-1]) + " |", flush=True)
+    text = header + "\n" + table(["configuration", "SPS (median after warm-up)", "GPU util % (median)", "wall s", "chosen at start"], lines) + "\n"
+    print("\n" + text)
     print(json.dumps(results, default=str))
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(table)
+            f.write(text)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def plan_threads(
 
     ``cnn``: the network is a CNN (image observations); otherwise a small MLP. ``busy_elsewhere``:
     cores that other processes keep busy (:func:`busy_cores_elsewhere`). The rule, measured on 2 cores
-    (docs/backends.md "Thread plan", ``benchmarks/thread_plan.py``):
+    (docs/backends.md "Thread plan", ``benchmarks/speed.py threads``):
 
     - each process takes ``cores // local_world_size`` cores: torch processes that each take every
       core slow each other several times over (FACTS.md);

@@ -54,7 +54,7 @@ def test_training_logs_plausible_resources_and_phase_shares(tmp_path):
     shares = {t: [p.value for p in read_scalars(run_dir, t)] for t in tags if t.endswith("_share")}
     for i in range(1, len(shares["perf/env_share"])):  # the first iteration includes warm-up
         assert sum(v[i] for v in shares.values()) == pytest.approx(1.0, abs=0.02)
-    assert all(0 <= v <= 1 for values in shares.values() for v in values)  # how small other_share is: benchmarks/monitor_overhead.py
+    assert all(0 <= v <= 1 for values in shares.values() for v in values)  # how small other_share is depends on the machine
     windowed = [p.value for p in read_scalars(run_dir, "charts/SPS_window")]
     assert all(w > 0 for w in windowed)
 

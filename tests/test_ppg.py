@@ -173,7 +173,7 @@ def store(phase: ppg.AuxiliaryPhase, iteration: int) -> None:
 
 def test_a_mid_phase_checkpoint_writes_the_stored_rollouts_from_the_phases_own_tensors_and_reads_them_back(tmp_path):
     # a phase of 4 iterations holding 3: the checkpoint's rollouts are the phase's tensors themselves (a copy of 6.4 GB
-    # at Procgen's defaults was most of a SIGTERM's time: benchmarks/ppg_preemption.py), 3/4 of the phase on disk, and
+    # at Procgen's defaults was most of a SIGTERM's time: benchmarks/costs.py preemption), 3/4 of the phase on disk, and
     # a fresh phase loaded from the file serves every rollout as the one that wrote it
     phase = tiny_phase()
     for iteration in (1, 2, 3):

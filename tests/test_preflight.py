@@ -29,7 +29,7 @@ def test_json_report_on_a_cpu_machine_is_a_note_and_exit_0():
     assert (low, high) == (2 * cpu["usable"], 4 * cpu["usable"]) and recs["num_envs"] == low
     assert recs["num_envs"] * recs["min_num_steps"] >= 512
     assert report["extras"]["atari"]["installed"]  # the dev setup installs the atari extra
-    assert report["status"]["exit_code"] == 0 and report["status"]["wall_s"] > 0  # how fast: benchmarks/monitor_overhead.py
+    assert report["status"]["exit_code"] == 0 and report["status"]["wall_s"] > 0  # how fast depends on the machine: not asserted
 
 
 def test_unknown_env_id_fails_cleanly_with_exit_1():

@@ -311,7 +311,7 @@ def test_a_tuner_killed_by_sigkill_leaves_no_process_of_its_trials_behind(tmp_pa
         took = time.monotonic() - killed
         for proc in left:
             proc.kill()
-    # 30 s is a hang guard, not a speed bound: how fast they end is benchmarks/tune_speed.py's "orphans" part
+    # 30 s is a hang guard, not a speed bound: how fast they end is `benchmarks/speed.py tune --parts orphans`
     assert not left, f"{len(left)} of the trials' {len(procs)} processes outlived their tuner by 30 s"
     print(f"the trials' {len(procs)} processes ended {took:.1f} s after their tuner was killed")
     for log in out.glob("trial_000[01]/*.log"):

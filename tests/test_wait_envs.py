@@ -1,6 +1,6 @@
 """Envs that wait: the async backend steps many of them at once (stepping threads in its workers), sized from a
 measured step, overridden by --env-workers/--env-threads, and never in threads for an env that is not thread-safe.
-Behaviour only; the speed is measured by benchmarks/ppo_speed.py (wait-envs, socket-sim) and benchmarks/wait_envs.py."""
+Behaviour only; the speed is measured by benchmarks/speed.py (`ppo --scenarios wait-envs,socket-sim` and `envs wait`)."""
 
 from __future__ import annotations
 

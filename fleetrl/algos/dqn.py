@@ -214,7 +214,7 @@ def train(args: Args, explicit: set[str] | None = None, algo="dqn", family_defau
                 epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
                 with log.timer.inference:
                     if epsilon > 0:
-                        draws = np.random.random((2, num_envs))  # one call: 0.6 us against 1.8 for randint + random (benchmarks/micro_costs.py)
+                        draws = np.random.random((2, num_envs))  # one call: 0.6 us against 1.8 for randint + random (benchmarks/costs.py micro)
                         explore, actions = draws[0] < epsilon, (draws[1] * num_actions).astype(np.int64)
                         if not explore.all():
                             actions = np.where(explore, actions, q_values_of(obs).argmax(axis=1))

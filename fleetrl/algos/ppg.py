@@ -16,7 +16,7 @@ Differences from CleanRL, each on purpose (besides PPO's, ppo.py):
 * the rollouts of a phase are checkpointed with it, so a run stopped mid-phase resumes exactly: each policy
   iteration's rollouts are a tensor of their own, which a checkpoint writes straight from memory, never copied first;
   SIGTERM or Ctrl-C mid-phase writes them only up to --stop-rollouts-gb (a Procgen phase's 6.2 GB take 20-60 s to
-  write here, past a scheduler's 30 s grace: benchmarks/ppg_preemption.py), else stops at once, and the run resumes,
+  write here, past a scheduler's 30 s grace: benchmarks/costs.py preemption), else stops at once, and the run resumes,
   exactly too, from its last checkpoint (--checkpoint-every falls on phase ends), redoing the phase's iterations.
 """
 

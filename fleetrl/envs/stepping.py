@@ -28,7 +28,7 @@ from fleetrl.envs.registry import EnvFactory, EnvFamily, built_and_read
 from fleetrl.errors import FleetError
 
 WAITS_BELOW = 0.5  # a step whose CPU share is below this waits more than it computes
-# Threads per worker process, measured (benchmarks/wait_envs.py, 5 ms sleeping envs, 2 cores, 2026-12-05): 64 envs ran
+# Threads per worker process, measured (benchmarks/speed.py envs wait, 5 ms sleeping envs, 2 cores, 2026-12-05): 64 envs ran
 # 8.4k steps/s as 2 x 32, 9.5k as 4 x 16 and 10.1k as 8 x 8; 128 envs 11.2k as 2 x 64, 15.4k as 8 x 16 and 16.4k as
 # 16 x 8. A process's threads take turns on its GIL around each wait, and the more of them, the longer the queue.
 MAX_THREADS_PER_WORKER = 8

@@ -46,7 +46,7 @@ class CheckOutputs(gym.Wrapper):
     One NaN would poison the network (a NaN loss many updates later, far from its cause), so the error
     names the env id, its index in the vector (set by the vector, :func:`set_env_index`) and the step.
     With EpisodeStats it adds about 1.5 µs to a step (CartPole: 10.1 µs against 8.6 for gymnasium's plain env;
-    benchmarks/micro_costs.py): a shape compare, one dot product of a float
+    benchmarks/costs.py micro): a shape compare, one dot product of a float
     observation with itself (non-finite when a value is; integer and bool observations cannot be NaN) and
     one scalar test of the reward. Only when a test fails does it look closer, to say what is wrong.
     """

@@ -7,7 +7,7 @@ and the value, in fp32 (see algos/ppo.py).
 Three implementations with the same results:
 * :class:`TorchActor` calls the network itself (CNNs, GPUs, anything).
 * :class:`NumpyMLPActor` serves small MLPs on the CPU. At CartPole sizes torch's per-op overhead is
-  nearly all of a call (acting for 4 envs: 206 µs through torch, 43 µs in numpy; benchmarks/micro_costs.py),
+  nearly all of a call (acting for 4 envs: 206 µs through torch, 43 µs in numpy; benchmarks/costs.py micro),
   so it runs the same layers in numpy over views of the module's parameters: no copy, and in-place
   updates of them are seen at once.
   Its log-probabilities agree with the learner's to float32 rounding (the tests check it).
@@ -188,7 +188,7 @@ def host_forward(module: nn.Module, device: torch.device):
     """``module`` as a function from a numpy batch to a numpy array, for acting one step at a time (DQN's Q-values).
 
     A float32 Linear/Tanh/ReLU Sequential on the CPU runs in numpy over views of its parameters (DQN's Q-values for one
-    CartPole: 12 µs against 46 µs through the torch module; benchmarks/micro_costs.py), and the optimiser's in-place steps (and a resume's
+    CartPole: 12 µs against 46 µs through the torch module; benchmarks/costs.py micro), and the optimiser's in-place steps (and a resume's
     ``load_state_dict``, which copies in place) are seen at once. Anything else (a CNN, a GPU) runs in torch."""
     layers = _host_layers(module, device)
     if layers is not None:

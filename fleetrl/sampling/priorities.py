@@ -6,7 +6,7 @@ Two objects, one job each:
 * :class:`SumTree`: ``capacity`` leaves (one per slot) and their partial sums. ``update(slots, values)`` sets leaves and
   recomputes their ancestors one tree level at a time for the whole batch; ``find(masses)`` walks every mass of a batch
   down the tree at once to the leaf whose prefix sum holds it. Both take about ``log2(capacity)`` numpy steps (21 for
-  1M slots), never a Python step per sample (benchmarks/prioritized_replay.py: a 32-sample batch from 1M slots in
+  1M slots), never a Python step per sample (benchmarks/costs.py per: a 32-sample batch from 1M slots in
   well under a millisecond).
 * :class:`Priorities`: proportional prioritisation over the tree: new transitions at the highest priority seen,
   stratified sampling, importance weights, ``update(slots, errors)``, and a checkpoint of it.

@@ -56,7 +56,7 @@ from fleetrl.errors import FleetError
 DEFAULT_MAX_RESTARTS = 10
 DEFAULT_ENV_TIMEOUT_S = 60.0
 # How long an idle worker spins for its next command before it sleeps. Measured on a 2-vCPU VM
-# (benchmarks/async_vector.py and variants): on an idle machine 100 us raised CartPole x8 (2 workers)
+# (benchmarks/speed.py envs busy and variants): on an idle machine 100 us raised CartPole x8 (2 workers)
 # from ~30k to ~38k steps/s and left a 200 us-per-step env unchanged; a spinning parent gained
 # nothing, so the parent always sleeps. Spinning with sched_yield, or without the worker's backoff,
 # cost up to 5x on a machine loaded with other processes.
@@ -130,7 +130,7 @@ class SharedMemoryVectorEnv:
             )
         self.copy = copy
         # Spinning pays when each worker can keep a core; with more workers than cores it steals
-        # the cores that the stepping workers need (measured: benchmarks/async_vector.py).
+        # the cores that the stepping workers need (measured: benchmarks/speed.py envs busy).
         if spin_us is None:
             spin_us = DEFAULT_SPIN_US if num_workers <= cores else 0.0
         # Workers of envs that wait (stepping threads, or more workers than cores) run under SCHED_BATCH: a batch task
