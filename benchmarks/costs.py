@@ -113,7 +113,7 @@ def learner_step(opts: argparse.Namespace) -> None:
         torch.manual_seed(0)
         agent = Accel(dtype, channels_last).apply(Agent((4, 84, 84), gym.spaces.Discrete(4)))
         optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5, fused=True)
-        loss_fn, act = (torch.compile(ppo_loss), torch.compile(agent.act)) if compiled else (ppo_loss, agent.act)
+        loss_fn, act = (torch.compile(ppo_loss), torch.compile(agent)) if compiled else (ppo_loss, agent)  # act: the forward
 
         def learn() -> None:
             loss, _ = loss_fn(agent, mb, Args(clip_coef=0.1, ent_coef=0.01), Dist())

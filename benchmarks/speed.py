@@ -316,16 +316,17 @@ def cmd_train(opts: argparse.Namespace) -> None:
             rows.append([name, "FAILED: " + " ".join(rs[0]["failed"])] + [""] * (6 + len(PHASES)))
             continue
         end = med(r["charts/SPS"][-1] for r in ok)
-        phase = {p: med(med(r[f"perf/{p}_time"][opts.skip:]) for r in ok) or 0.0 for p in PHASES}
+        phase = {p: med(med(r[f"perf/{p}_time"][opts.skip:]) for r in ok) for p in PHASES}  # logged at most once a second
         first = first or (end, phase)
         rows.append([name, fmt(end), ", ".join(fmt(r["charts/SPS"][-1]) for r in ok), f"{end / first[0]:.2f}x",
                      fmt(med(med(r["charts/SPS_window"][opts.skip:]) for r in ok)), fmt(steps and med(steps / r["cpu"] for r in ok)),
-                     *[f"{phase[p] * 1e3:.1f}" for p in PHASES], f"{phase['learn'] / max(sum(phase.values()), 1e-9):.0%}"])
+                     *[fmt(phase[p] and phase[p] * 1e3, ".1f") for p in PHASES],
+                     fmt(phase["learn"] and phase["learn"] / sum(v or 0 for v in phase.values()), ".0%")])
     print(f"\n{host_line()}\n`fleetrl train {shlex.join(common)}` and each variant, medians of {opts.repeats}; SPS at the end is CleanRL's "
           f"(since training began); window SPS and phases (ms an iteration) leave out the first {opts.skip} iterations\n")
     print(table(["variant", "SPS at the end", "runs", "vs first", "window SPS", "steps per CPU s (start-up included)",
                  *[f"{p} ms" for p in PHASES], "learn share"], rows))
-    if first:
+    if first and None not in (first[1]["env"], first[1]["inference"], first[1]["learn"]):
         rollout, learn = first[1]["env"] + first[1]["inference"], first[1]["learn"]
         print(f"\nThe first variant's rollout takes {rollout * 1e3:.1f} ms and its update {learn * 1e3:.1f} ms: overlapping them "
               f"perfectly gives at most {(rollout + learn) / max(rollout, learn, 1e-9):.2f}x.")
@@ -358,7 +359,7 @@ def step_ale_raw(env_id: str, num_envs: int, seconds: float) -> tuple[float, flo
         envs.reset(seed=0)
         steps, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            envs._env.step(rng.integers(0, int(envs.single_action_space.n), num_envs))
+            envs._pools[0].step(rng.integers(0, int(envs.single_action_space.n), num_envs))  # one pool: no --async-batch
             steps += num_envs
         return steps / (time.perf_counter() - start), None, None
     finally:
@@ -380,7 +381,7 @@ def cmd_envs(opts: argparse.Namespace) -> None:
                  for r in rows if r[2] == "async"}
         by_name = {name(r): r for r in rows}
         runs = alternate(by_name, opts.repeats, lambda n, _: step_ale_raw(*by_name[n][:2], opts.seconds) if by_name[n][2] == "ale-raw"
-                         else measure_env(*by_name[n][:3], opts.seconds, async_batch=by_name[n][5], stepping=plans.get(n)),
+                         else measure_env(by_name[n][0], by_name[n][2], by_name[n][1], opts.seconds, async_batch=by_name[n][5], stepping=plans.get(n)),
                          lambda n, m: f"{m[0]:,.0f} steps/s")
     rate = {n: [med(m[i] for m in runs[n]) for i in range(3)] for n in runs}
     out, base = [], {}
@@ -425,7 +426,7 @@ def overlap_child(torch_threads: int, seconds: float) -> dict:
     def sample() -> None:
         while not stop.is_set():
             with torch.no_grad():
-                action, _, _ = agent.act(torch.from_numpy(np.asarray(obs[0])).float() / 255.0)
+                action = agent.act(torch.from_numpy(np.asarray(obs[0])).float() / 255.0, False)
             obs[0] = envs.step(action.numpy())[0]
             counts["steps"] += 8
 
