@@ -23,13 +23,17 @@ def noting_merge_sums(self, sums):
 
 normalize.RunningMeanStd.merge_sums = noting_merge_sums
 
-if __name__ == "__main__":
-    out, *train = sys.argv[1:]
+def train(out: str, flags: list[str]) -> None:
+    """``fleetrl train ppo FLAGS`` in this process; then this rank's statistics go to OUT/rank{RANK}.npz."""
     from fleetrl.cli import main
 
     try:
-        main(["train", "ppo", *train])
+        main(["train", "ppo", *flags])
     finally:  # main ends with sys.exit: save on the way out
         stats = {("obs" if rms.mean.shape else "reward") + key: value for rms in held.values()
                  for key, value in (("_mean", rms.mean), ("_var", rms.var), ("_count", np.float64(rms.count)))}
         np.savez(os.path.join(out, f"rank{os.environ['RANK']}.npz"), **stats)
+
+
+if __name__ == "__main__":
+    train(sys.argv[1], sys.argv[2:])
