@@ -1,10 +1,10 @@
 """DDPG: CleanRL's ddpg_continuous_action.py loop step for step (lockstep), and the soft target update as CleanRL
-writes it. Discrete actions refused, kill -9 resume and torchrun replicas are test_sac_td3.py's (parametrized over
-DDPG); learning and eval on InvertedPendulum are test_learning.py's; the copy template, test_user_algos.py's."""
+writes it. Discrete actions refused and kill -9 resume are test_sac_td3.py's, an exact resume test_exact_resume.py's,
+torchrun replicas test_every_algorithm.py's; learning and eval on InvertedPendulum are test_learning.py's; the copy
+template, test_user_algos.py's."""
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,11 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fleetrl import checkpoint
-from fleetrl.monitor.tbread import read_scalars
 from fleetrl.offpolicy import soft_update
 
-from conftest import assert_same_learner, killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 
@@ -45,29 +42,3 @@ def test_soft_update_is_cleanrls_arithmetic_and_tau_1_copies():
     assert all(torch.equal(t, e) for t, e in zip(target.parameters(), expected))
     soft_update(target, source, 1.0)  # DQN's target copy
     assert all(torch.equal(t, p) for t, p in zip(target.parameters(), source.parameters()))
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("algo", ["ddpg", "td3"])
-def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, algo):
-    # a resume starts fresh episodes (docs/reliability.md), so the env is one whose episodes never differ; with
-    # --save-buffer the replay, the RNG streams (warm-up draws, exploration noise, minibatches) and Adam carry over
-    train = ["train", algo, "--env-id", "fleetrl_test_envs:StatelessBox-v0", "--no-cuda", "--env-backend", "sync", "--no-progress",
-             "--total-timesteps", "2000", "--learning-starts", "500", "--batch-size", "32", "--checkpoint-every", "2", "--save-buffer"]
-    whole = run_fleetrl(*train, "--run-dir", str(tmp_path / "whole"), timeout=240)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-
-    stopped = tmp_path / "stopped"
-    proc = start_fleetrl_group(*train, "--run-dir", str(stopped))
-    with killed_on_exit(proc):
-        wait_for_checkpoint(proc, stopped, 700)  # past the warm-up: learning has started
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-    assert proc.returncode != 0 and "stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
-    assert int(checkpoint.load_checkpoint(stopped)["global_step"]) < 2000
-    resumed = run_fleetrl(*train, "--resume", "auto", "--run-dir", str(stopped), timeout=240)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_learner(checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped),
-                        ("actor", "qf", "target_actor", "qf_target"), ("q_optimizer", "actor_optimizer"))
-    assert [p.step for p in read_scalars(stopped, "losses/actor_loss")] == list(range(600, 2001, 100)), "every iteration logged once"

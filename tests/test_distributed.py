@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 import psutil
 import pytest
 import torch
@@ -22,9 +21,8 @@ from fleetrl.distributed import Dist, split_evenly
 from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.run import Run
-from fleetrl.sampling import normalize
 
-from conftest import TESTS_DIR, fleetrl_env, killed_on_exit, run_fleetrl
+from conftest import fleetrl_env, killed_on_exit, run_fleetrl
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -163,50 +161,6 @@ def test_closing_leaves_no_process_group_threads_for_interpreter_exit_to_tear_do
     assert result.returncode == 0, result.stderr
     threads = result.stdout.strip().splitlines()[-1]
     assert "gloo" not in threads and "tcpstore" not in threads, threads
-
-
-@pytest.mark.slow
-def test_averaged_gradient_and_update_at_world_size_two_equal_world_size_one(tmp_path):
-    script = str(TESTS_DIR / "dist_grad_check.py")
-    (tmp_path / "w1").mkdir(), (tmp_path / "w2").mkdir()
-    one = subprocess.run([sys.executable, script, str(tmp_path / "w1")], capture_output=True, text=True, timeout=120, env=fleetrl_env())
-    assert one.returncode == 0, one.stderr
-    two = torchrun("--standalone", "--nproc_per_node=2", script, str(tmp_path / "w2"), timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    w1 = torch.load(tmp_path / "w1" / "rank0.pt")
-    r0, r1 = torch.load(tmp_path / "w2" / "rank0.pt"), torch.load(tmp_path / "w2" / "rank1.pt")
-    assert torch.equal(r0["grads"], r1["grads"]) and torch.equal(r0["params"], r1["params"]), "replicas take the identical step"
-    torch.testing.assert_close(r0["grads"], w1["grads"], atol=1e-5, rtol=0)
-    torch.testing.assert_close(r0["params"], w1["params"], atol=1e-5, rtol=0)
-    assert w1["grads"].abs().max() > 1e-3, "a meaningful gradient, not zeros"
-
-
-@pytest.mark.slow
-def test_advantages_with_a_large_mean_normalise_on_two_ranks_as_in_one_process(tmp_path):
-    script = str(TESTS_DIR / "dist_adv_norm_check.py")
-    (tmp_path / "w1").mkdir(), (tmp_path / "w2").mkdir()
-    one = subprocess.run([sys.executable, script, str(tmp_path / "w1")], capture_output=True, text=True, timeout=120, env=fleetrl_env())
-    assert one.returncode == 0, one.stderr
-    two = torchrun("--standalone", "--nproc_per_node=2", script, str(tmp_path / "w2"), timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    whole = torch.load(tmp_path / "w1" / "rank0.pt")
-    halves = torch.cat([torch.load(tmp_path / "w2" / f"rank{r}.pt") for r in (0, 1)])
-    assert 0.9 < float(whole.std()) < 1.1, "normalised to unit spread"
-    torch.testing.assert_close(halves, whole, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.slow
-def test_torchrun_two_processes_finish_with_identical_replicas_and_log_both_ranks_episodes(tmp_path):
-    run_dir = tmp_path / "run"
-    total = 16 * 512
-    proc = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppo", "--env-id", "CartPole-v1",
-                    "--total-timesteps", str(total), "--run-dir", str(run_dir), "--no-cuda")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout
-    lengths = [p.value for p in read_scalars(run_dir, "charts/episodic_length")]
-    # every env step of both ranks belongs to a logged episode, except each env's unfinished last one
-    assert sum(lengths) > total - 4 * 500 and sum(lengths) > 0.75 * total, (sum(lengths), total)
-    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == total
 
 
 @pytest.mark.slow
@@ -365,55 +319,3 @@ def serves_port(launcher: subprocess.Popen, port: int) -> bool:
             if any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in proc.net_connections("tcp")):
                 return True
     return False
-
-
-def recorded_statistics(record_dir, gamma: float) -> dict[str, np.ndarray]:
-    """The statistics a single normaliser would hold after seeing every rank's env data: observations (reset ones,
-    and step ones but for a finished episode's final one, which the same-step reset replaces) and discounted returns."""
-    observations, returns = [], []
-    for path in record_dir.glob("*.txt"):
-        ret = 0.0
-        for line in path.read_text().splitlines():
-            kind, *values = line.split()
-            if kind == "reset":
-                observations.append([float(v) for v in values])
-                continue
-            done, reward, obs = int(values[0]), float(values[1]), [float(v) for v in values[2:]]
-            ret = ret * gamma + reward
-            returns.append(ret)
-            if done:
-                ret = 0.0
-            else:
-                observations.append(obs)
-
-    def from_prior(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        prior = normalize.RunningMeanStd(data.shape[1:])
-        prior.merge_sums(np.concatenate([[len(data)], data.sum(0).ravel(), np.square(data).sum(0).ravel()]))
-        return prior.mean, prior.var
-
-    (obs_mean, obs_var), (ret_mean, ret_var) = from_prior(np.array(observations, np.float32).astype(np.float64)), from_prior(np.array(returns))
-    return {"obs_mean": obs_mean, "obs_var": obs_var, "reward_mean": ret_mean, "reward_var": ret_var,
-            "obs_count": len(observations), "reward_count": len(returns)}
-
-
-@pytest.mark.slow
-def test_normalisation_statistics_are_identical_on_both_ranks_and_equal_those_of_both_ranks_data(tmp_path):
-    record_dir, out, run_dir = tmp_path / "records", tmp_path / "stats", tmp_path / "run"
-    record_dir.mkdir(), out.mkdir()
-    env = {**fleetrl_env(), "FLEETRL_RECORD_DIR": str(record_dir)}
-    proc = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node=2", str(TESTS_DIR / "dist_norm_check.py"), str(out),
-                           "--env-id", "fleetrl_test_envs:RecordingDrift-v0", "--env-backend", "sync", "--num-envs", "4", "--num-steps", "50",
-                           "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "400", "--run-dir", str(run_dir), "--no-cuda"],
-                          capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [dict(np.load(out / f"rank{r}.npz")) for r in (0, 1)]
-    for key in ranks[0]:
-        assert np.array_equal(ranks[0][key], ranks[1][key]), f"{key} differs between the ranks"
-    gamma = checkpoint.load_checkpoint(run_dir)["args"].get("gamma") or 0.99
-    expected = recorded_statistics(record_dir, gamma)
-    assert len(list(record_dir.glob("*.txt"))) == 4, "two envs per rank, each recording its data"
-    assert ranks[0]["obs_count"] == pytest.approx(expected["obs_count"] + 1e-4) and ranks[0]["reward_count"] == pytest.approx(expected["reward_count"] + 1e-4)
-    for key in ("obs_mean", "obs_var", "reward_mean", "reward_var"):
-        np.testing.assert_allclose(ranks[0][key], expected[key], rtol=1e-7, err_msg=key)
-    saved = checkpoint.load_checkpoint(run_dir)
-    np.testing.assert_allclose(saved["obs_rms"]["mean"].numpy(), expected["obs_mean"], rtol=1e-7)

@@ -1,5 +1,5 @@
 """DQN: CleanRL's schedule and defaults, clear refusals, CartPole learned with the defaults, Atari end to end on two
-backends, kill -9 and --resume auto, the greedy and epsilon-greedy acting that eval uses (eval of a trained DQN: test_learning.py), and bit-identical replicas under torchrun. Real envs, real learning."""
+backends, kill -9 and --resume auto, the greedy and epsilon-greedy acting that eval uses (eval of a trained DQN: test_learning.py), and each rank's replay shard through a resume under torchrun (bit-identical replicas: test_every_algorithm.py). Real envs, real learning."""
 
 from __future__ import annotations
 
@@ -204,21 +204,6 @@ def test_kill_9_mid_run_then_resume_auto_finishes_and_logs_every_iteration_once(
     assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == total
     steps = [p.step for p in read_scalars(run_dir, "charts/epsilon")]
     assert steps == list(range(100, total + 1, 100)), "every iteration logged exactly once"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_two_ranks_train_on_their_own_envs_and_shards_and_end_with_bit_identical_replicas(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "fleetrl",
-                           "train", "dqn", *SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200",
-                           "--total-timesteps", "6000", "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=280, env=fleetrl_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout, proc.stdout[-3000:]
-    state = checkpoint.load_checkpoint(run_dir)
-    assert int(state["global_step"]) == 6000 and len(state["ranks"]) == 2
-    assert read_scalars(run_dir, "losses/td_loss")
 
 
 @pytest.mark.slow

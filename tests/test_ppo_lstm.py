@@ -1,18 +1,15 @@
 """PPO with an LSTM: the state is zeroed exactly where an episode starts and carried otherwise (in every sampler mode
-it allows), minibatches are whole env sequences in order, a resume continues exactly, eval carries the state."""
+it allows), minibatches are whole env sequences in order, eval carries the state (an exact resume:
+test_exact_resume.py; torchrun replicas: test_every_algorithm.py)."""
 
 from __future__ import annotations
-
-import os
-import signal
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
+from conftest import run_fleetrl
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0
-from fleetrl import checkpoint
 from fleetrl.algos import ppo_lstm
 from fleetrl.envs.vector import SyncVectorEnv
 from fleetrl.errors import FleetError
@@ -123,34 +120,6 @@ def test_eval_carries_the_state_through_an_episode_and_starts_afresh_at_the_next
 
 
 @pytest.mark.slow
-def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
-    # each env step sleeps 5 ms and the 2 envs step one after the other: an iteration (2 x 16 steps) lasts at least
-    # 0.16 s on any host, so the 9 iterations after the checkpoint that the SIGTERM waits for take 1.4 s or more,
-    # against the checkpoint poll's 0.1 s
-    common = ["train", "ppo_lstm", "--env-id", "fleetrl_test_envs:SlowStateless-v0", "--no-cuda", "--env-backend", "sync",
-              "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--precision", "fp32",
-              "--total-timesteps", str(12 * 32), "--checkpoint-every", "3",
-              # normalisation would see the resumed run's restarted episodes (one more reset observation, discounted
-              # returns from 0), which no env can avoid; model, optimiser, RNG streams and states in flight must match
-              "--normalize", "False"]
-    whole = run_fleetrl(*common, "--run-dir", str(tmp_path / "whole"), timeout=300)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    proc = start_fleetrl_group(*common, "--run-dir", str(tmp_path / "part"))
-    with killed_on_exit(proc):
-        wait_for_checkpoint(proc, tmp_path / "part", min_step=3 * 32)
-        os.killpg(proc.pid, signal.SIGTERM)  # preempted: it checkpoints the iteration it is in, its states in flight
-        assert proc.wait(timeout=120) == 143
-    stopped = checkpoint.load_checkpoint(tmp_path / "part")
-    assert 3 * 32 <= stopped["global_step"] < 12 * 32 and "recurrent_state" in stopped["ranks"][0]["actor"]
-    resumed = run_fleetrl(*common, "--run-dir", str(tmp_path / "part"), "--resume", "auto", timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(tmp_path / "part")
-    assert a["global_step"] == b["global_step"] == 12 * 32
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-
-
-@pytest.mark.slow
 def test_ppo_lstm_trains_and_evaluates_from_the_command_line(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_fleetrl("train", "ppo_lstm", "--env-id", "CartPoleNoVel-v1", "--total-timesteps", "2048", "--no-cuda",
@@ -161,18 +130,8 @@ def test_ppo_lstm_trains_and_evaluates_from_the_command_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_ppo_lstm_under_torchrun_and_in_the_benchmark_runner_and_plot(tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import fleetrl_env
-
-    tiny = ["--env-id", "CartPoleNoVel-v1", "--no-cuda", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
-            "--total-timesteps", "256"]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "fleetrl",
-                          "train", "ppo_lstm", *tiny, "--run-dir", str(tmp_path / "two")], capture_output=True, text=True,
-                         env=fleetrl_env(), timeout=300)
-    assert two.returncode == 0 and "replicas in sync: 2 ranks" in two.stdout, two.stderr[-3000:]
+def test_ppo_lstm_in_the_benchmark_runner_and_plot(tmp_path):
+    # under torchrun: test_every_algorithm.py
     out = tmp_path / "bench"
     bench = run_fleetrl("benchmark", "--env-ids", "CartPoleNoVel-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out),
                         "--", "fleetrl", "train", "ppo_lstm", "--total-timesteps", "1024", timeout=300)

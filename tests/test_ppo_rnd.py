@@ -1,6 +1,6 @@
 """PPO-RND: CleanRL's ppo_rnd_envpool.py networks and update code in lockstep (on Breakout), the next observations
 curiosity is computed on (an episode's last where it ended), exact resume after SIGTERM with the curiosity's
-statistics, torchrun replicas, a real Atari run and greedy eval, and bad input refused. Learning on CartPole is
+statistics, a real Atari run and greedy eval, and bad input refused. Learning on CartPole is
 test_learning.py's; the copy template, test_user_algos.py's."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from fleetrl.sampling.sampler import Sampler
 from fleetrl.monitor.timing import PhaseTimer
 
 from conftest import assert_train_refused, killed_on_exit, require_module, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
-from test_distributed import torchrun
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -139,21 +138,6 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
         assert torch.equal(first["model"][key], second["model"][key]), key
     for name in ("rnd_obs_rms", "rnd_reward_rms"):
         assert all(torch.equal(first[name][k], second[name][k]) for k in first[name]), name
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_torchrun_two_ranks_train_to_bit_identical_replicas_with_shared_statistics(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppo_rnd", "--env-id", "CartPole-v1", "--no-cuda",
-                    "--env-backend", "sync", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2",
-                    "--num-iterations-obs-norm-init", "2", "--total-timesteps", str(4 * 128), "--run-dir", str(run_dir), timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout
-    state = checkpoint.load_checkpoint(run_dir)
-    # the statistics took in both ranks' observations: 2 random rollouts and 4 training ones of 4 envs x 32 steps
-    assert float(state["rnd_obs_rms"]["count"]) == pytest.approx(6 * 4 * 32, abs=1e-3)
-    assert [p.step for p in read_scalars(run_dir, "losses/fwd_loss")] == [128, 256, 384, 512]
 
 
 @pytest.mark.slow
