@@ -20,7 +20,8 @@ from fleetrl import checkpoint
 from fleetrl.algos import ALGOS
 from fleetrl.tools.new import template
 
-from conftest import fleetrl_env, require_module, run_fleetrl, skip_unless_ci
+from conftest import (fleetrl_env, require_module, run_fleetrl, run_fleetrl_here, run_fleetrl_in_process, run_python_file_here,
+                      skip_unless_ci)
 
 # per algorithm: an env, and flags that make a run of `total` steps a few seconds long (two envs: torchrun splits them)
 TINY = {
@@ -42,7 +43,8 @@ COMMON = ["--env-backend", "sync", "--no-progress"]
 
 
 def new_file(folder: Path, name: str, algo: str, *flags: str) -> subprocess.CompletedProcess:
-    return run_fleetrl("new", name, "--from", algo, *flags, cwd=folder, timeout=60)
+    """`fleetrl new` in this process (the every-way tests run it for real)."""
+    return run_fleetrl_in_process("new", name, "--from", algo, *flags, cwd=folder)
 
 
 def train_flags(algo: str, total: int, run_dir: Path) -> list[str]:
@@ -72,9 +74,9 @@ class _UsersCopy:
     def test_the_copy_runs_every_way_a_builtin_does(self, tmp_path):
         algo, name = self.algo, f"my_{self.algo}"
         total = TINY[algo][2]
-        file = copy_of(algo, name, tmp_path)
+        file = copy_of(algo, name, tmp_path, real=True)
 
-        # python FILE: half the budget; then fleetrl train ./FILE resumes it to the whole
+        # python FILE (a real process): half the budget; then fleetrl train ./FILE (in this process) resumes it to the whole
         run_dir = tmp_path / "run"
         first = python(file.name, *train_flags(algo, total // 2, run_dir), cwd=tmp_path)
         assert first.returncode == 0, first.stderr[-3000:]
@@ -82,13 +84,13 @@ class _UsersCopy:
         assert state["algo"] == name and state["global_step"] < total
         assert state["algo_file"] == {"kind": "file", "module": name, "path": str(file.resolve()),
                                       "sha256": __import__("hashlib").sha256(file.read_bytes()).hexdigest()}
-        resumed = run_fleetrl("train", f"./{file.name}", *train_flags(algo, total, run_dir), "--resume", "auto", cwd=tmp_path, timeout=240)
+        resumed = run_fleetrl_here("train", f"./{file.name}", *train_flags(algo, total, run_dir), "--resume", "auto", cwd=tmp_path)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert saved(run_dir)["global_step"] == total
         assert saved(run_dir)["iteration"] > state["iteration"], "it went on from the checkpoint"
 
         # eval rebuilds the policy with the file's code
-        evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", "--json", cwd=tmp_path, timeout=120)
+        evaluated = run_fleetrl_here("eval", str(run_dir), "--episodes", "1", "--json", cwd=tmp_path)
         assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
         # torchrun with 2 processes runs the file itself
@@ -99,26 +101,27 @@ class _UsersCopy:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert saved(dist_dir)["world_size"] == 2 and saved(dist_dir)["algo_file"]["path"] == str(file.resolve())
 
-        # the tools: a benchmark of one run, a study of 2 trials
+        # the tools (in this process; each run they start is a real `fleetrl train ./FILE`): a benchmark of one run, a study
+        # of 2 trials
         env_id, flags, _ = TINY[algo]
         command = ["fleetrl", "train", f"./{file.name}", *flags, *COMMON, "--total-timesteps", str(total)]
-        bench = run_fleetrl("benchmark", "--env-ids", env_id, "--num-seeds", "1", "--workers", "1", "--out", str(tmp_path / "bench"),
-                            "--", *command, cwd=tmp_path, timeout=300)
+        bench = run_fleetrl_here("benchmark", "--env-ids", env_id, "--num-seeds", "1", "--workers", "1", "--out", str(tmp_path / "bench"),
+                                 "--", *command, cwd=tmp_path)
         assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
         assert saved(tmp_path / "bench" / f"{env_id}__1")["algo"] == name
         require_module("optuna", "tune")
         (tmp_path / "space.yaml").write_text("gamma: {type: float, low: 0.9, high: 0.99}\n")
-        tune = run_fleetrl("tune", "--env-ids", env_id, "--search", "space.yaml", "--trials", "2", "--out", str(tmp_path / "tune"),
-                           "--", *command, cwd=tmp_path, timeout=300)
+        tune = run_fleetrl_here("tune", "--env-ids", env_id, "--search", "space.yaml", "--trials", "2", "--out", str(tmp_path / "tune"),
+                                "--", *command, cwd=tmp_path)
         assert tune.returncode == 0, tune.stdout[-3000:] + tune.stderr[-3000:]
         assert re.search(r"trials 2/2 done: 2 complete", tune.stdout), tune.stdout[-3000:]
 
 
-def copy_of(algo: str, name: str, folder: Path) -> Path:
-    """`fleetrl new NAME --from ALGO` in ``folder``: the copy's path."""
+def copy_of(algo: str, name: str, folder: Path, real: bool = False) -> Path:
+    """`fleetrl new NAME --from ALGO` in ``folder`` (``real``: as a process of its own): the copy's path."""
     if TINY[algo][0].startswith("Inverted"):
         require_module("mujoco", "mujoco")
-    made = new_file(folder, name, algo)
+    made = run_fleetrl("new", name, "--from", algo, cwd=folder, timeout=60) if real else new_file(folder, name, algo)
     assert made.returncode == 0, made.stderr
     file = folder / f"{name}.py"
     assert f"fleetrl new {name} --from {algo}" in file.read_text()
@@ -144,11 +147,12 @@ def test_each_copy_trains_as_python_file_and_evaluates_with_its_own_code(tmp_pat
     name = f"my_{algo}"
     file = copy_of(algo, name, tmp_path)
     run_dir = tmp_path / "run"
-    trained = python(file.name, *train_flags(algo, TINY[algo][2], run_dir), cwd=tmp_path)
+    # `python FILE` in this process (runpy, as __main__); ppo's and dqn's copies run it as a real process
+    trained = run_python_file_here(file.name, *train_flags(algo, TINY[algo][2], run_dir), cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     state = saved(run_dir)
     assert state["algo"] == name and state["global_step"] == TINY[algo][2] and state["algo_file"]["path"] == str(file.resolve())
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", "--json", cwd=tmp_path, timeout=120)
+    evaluated = run_fleetrl_here("eval", str(run_dir), "--episodes", "1", "--json", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
 
@@ -185,30 +189,34 @@ def test_eval_uses_the_files_own_network_and_refuses_an_edited_or_missing_file(t
                                  "self.actor = mlp(int(np.prod(obs_shape)), num_outputs, out_std=0.01, hidden=(96, 96))", 1))
     assert file.read_text() != text
     run_dir = tmp_path / "run"
-    trained = python("wide.py", *train_flags("ppo", 256, run_dir), cwd=tmp_path)
+    trained = run_python_file_here("wide.py", *train_flags("ppo", 256, run_dir), cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert saved(run_dir)["model"]["actor.0.weight"].shape == (96, 4)
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", timeout=120)  # from another folder: the path is recorded
+
+    def evaluate(*flags: str) -> subprocess.CompletedProcess:  # from another folder: the path is recorded
+        return run_fleetrl_here("eval", str(run_dir), "--episodes", "1", *flags, user_code=tmp_path)
+
+    evaluated = evaluate()
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     recorded = saved(run_dir)["algo_file"]["sha256"]
 
     # edited: one paragraph naming both hashes, and the two ways out
     file.write_text(file.read_text() + "\n# an edit after training\n")
-    edited = run_fleetrl("eval", str(run_dir), "--episodes", "1", timeout=120)
+    edited = evaluate()
     now = __import__("hashlib").sha256(file.read_bytes()).hexdigest()
     assert edited.returncode == 2 and "Traceback" not in edited.stderr
     assert recorded in edited.stderr and now in edited.stderr and "--algo-file" in edited.stderr, edited.stderr
-    named = run_fleetrl("eval", str(run_dir), "--episodes", "1", "--algo-file", str(file), timeout=120)
+    named = evaluate("--algo-file", str(file))
     assert named.returncode == 0, named.stderr[-3000:]
     assert "not the code this checkpoint was trained with" in named.stderr
 
     # missing: never a built-in in its place
     file.rename(tmp_path / "elsewhere.py")
-    missing = run_fleetrl("eval", str(run_dir), "--episodes", "1", timeout=120)
+    missing = evaluate()
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "not there" in missing.stderr and "--algo-file" in missing.stderr and recorded in missing.stderr, missing.stderr
     # the built-in's network does not fit: eval with it would have to fail, so naming it says so, no traceback
-    builtin = run_fleetrl("eval", str(run_dir), "--episodes", "1", "--algo-file", "ppo", timeout=120)
+    builtin = evaluate("--algo-file", "ppo")
     assert builtin.returncode == 2 and "does not fit" in builtin.stderr and "Traceback" not in builtin.stderr, builtin.stderr
 
 
@@ -244,11 +252,11 @@ def test_a_module_path_trains_and_evaluates(tmp_path):
     (package / "__init__.py").write_text("")
     (package / "my_algo.py").write_text(template("ppo", "my_algo"))
     run_dir = tmp_path / "run"
-    trained = run_fleetrl("train", "mypkg.my_algo", *train_flags("ppo", 256, run_dir), cwd=tmp_path, timeout=240)
+    trained = run_fleetrl_here("train", "mypkg.my_algo", *train_flags("ppo", 256, run_dir), cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     record = saved(run_dir)["algo_file"]
     assert record["kind"] == "module" and record["module"] == "mypkg.my_algo" and record["path"] == str(package / "my_algo.py")
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", cwd=tmp_path, timeout=120)
+    evaluated = run_fleetrl_here("eval", str(run_dir), "--episodes", "1", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
 
@@ -264,7 +272,7 @@ def test_bad_algorithm_files_are_one_clear_paragraph(tmp_path):
         ("train", "./empty.py", "--help"): ["is not a fleetrl algorithm"],
     }
     for args, expected in cases.items():
-        proc = run_fleetrl(*args, cwd=tmp_path, timeout=120)
+        proc = run_fleetrl_here(*args, cwd=tmp_path)
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.startswith("fleetrl: error: "), (args, proc.stderr)
         assert "fleetrl/" not in proc.stderr, "the traceback shown is the user's own code, not fleetrl's frames"
@@ -293,8 +301,8 @@ def test_new_never_overwrites_a_file_without_force_and_refuses_bad_names(tmp_pat
 def test_the_copy_checkpoint_refuses_to_resume_under_another_algorithm(tmp_path):
     assert new_file(tmp_path, "my_ppo", "ppo").returncode == 0
     run_dir = tmp_path / "run"
-    assert python("my_ppo.py", *train_flags("ppo", 256, run_dir), cwd=tmp_path).returncode == 0
-    other = run_fleetrl("train", "ppo", *train_flags("ppo", 512, run_dir), "--resume", "auto", cwd=tmp_path, timeout=120)
+    assert run_python_file_here("my_ppo.py", *train_flags("ppo", 256, run_dir), cwd=tmp_path).returncode == 0
+    other = run_fleetrl_here("train", "ppo", *train_flags("ppo", 512, run_dir), "--resume", "auto", cwd=tmp_path)
     assert other.returncode == 2 and "my_ppo" in other.stderr, other.stderr
     assert torch.is_tensor(saved(run_dir)["model"]["actor.0.weight"])
 
@@ -303,14 +311,15 @@ def test_the_copy_checkpoint_refuses_to_resume_under_another_algorithm(tmp_path)
 @pytest.mark.timeout(300)
 def test_sigterm_stops_a_users_file_that_names_itself_to_resume_and_the_resume_is_exact(tmp_path):
     """`python my_ppo.py` under SIGTERM checkpoints and says to continue with `python my_ppo.py --resume auto`; that resume
-    ends bit-identical to an uninterrupted run of the same file."""
+    ends bit-identical to an uninterrupted run of the same file. The stopped run is a real process (the signal is real);
+    the uninterrupted run and the resume run the file in this process, all three on one torch thread."""
     from conftest import assert_same_learner
 
     assert new_file(tmp_path, "my_ppo", "ppo").returncode == 0
     iterations, batch = 24, 4 * 128
     train = ["my_ppo.py", "--env-id", "fleetrl_test_envs:Stateless-v0", "--env-backend", "sync", "--no-cuda", "--num-envs", "4",
-             "--total-timesteps", str(iterations * batch), "--checkpoint-every", "4", "--no-progress"]
-    whole = python(*train, "--run-dir", "whole", cwd=tmp_path)
+             "--total-timesteps", str(iterations * batch), "--checkpoint-every", "4", "--no-progress", "--torch-threads", "1"]
+    whole = run_python_file_here(*train, "--run-dir", "whole", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     proc = subprocess.Popen([sys.executable, *train, "--run-dir", "stopped"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=tmp_path, env=fleetrl_env())
@@ -327,7 +336,7 @@ def test_sigterm_stops_a_users_file_that_names_itself_to_resume_and_the_resume_i
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in output, output[-3000:]
     assert "continue it with: python my_ppo.py --resume auto --run-dir stopped" in output, output[-3000:]
     assert saved(tmp_path / "stopped")["global_step"] < iterations * batch
-    resumed = python(*train, "--run-dir", "stopped", "--resume", "auto", cwd=tmp_path)
+    resumed = run_python_file_here(*train, "--run-dir", "stopped", "--resume", "auto", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_learner(saved(tmp_path / "whole"), saved(tmp_path / "stopped"))
 
@@ -335,10 +344,9 @@ def test_sigterm_stops_a_users_file_that_names_itself_to_resume_and_the_resume_i
 def test_the_algorithm_a_command_trains_is_forgotten_when_it_ends(tmp_path):
     """`fleetrl train` run in this process records its file for its checkpoints only: a train() called after it here
     (a test, a notebook) must not record another algorithm's file."""
-    from conftest import run_fleetrl_in_process
     from fleetrl import run_setup
 
-    proc = run_fleetrl_in_process("train", "ppo", *train_flags("ppo", 128, tmp_path / "run"), "--num-steps", "64")
+    proc = run_fleetrl_here("train", "ppo", *train_flags("ppo", 128, tmp_path / "run"), "--num-steps", "64")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert saved(tmp_path / "run")["algo_file"]["module"] == "fleetrl.algos.ppo"
     assert run_setup.training_code() is None and run_setup.command_for("ppo") == "fleetrl train ppo"
