@@ -469,3 +469,67 @@ if _PROFILE:
                   "processes_started": _starts["n"] - starts, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
         with open(_PROFILE, "a") as log:
             log.write(json.dumps(record) + "\n")
+
+
+# ---- a user's code and short trains in the test's own process (issue 46: a process start that imports torch costs ~2.5 s) ----
+@contextlib.contextmanager
+def user_code_forgotten(*folders: str | Path):
+    """Restore what an in-process train or eval changes in this process as the block ends: torch's thread count (a run
+    sets it), ``sys.path`` (a user's file puts its folder first) and ``sys.argv``, and the modules imported from under
+    ``folders`` (a user's ``my_ppo``, ``mypkg.algo``): a later test's file of the same name must be imported afresh, not
+    refused as another file's name (fleetrl/algos/source.py)."""
+    import torch
+
+    modules, path, argv, threads = set(sys.modules), list(sys.path), list(sys.argv), torch.get_num_threads()
+    roots = [Path(folder).resolve() for folder in folders]
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        sys.path[:] = path
+        sys.argv[:] = argv
+        for name in set(sys.modules) - modules:
+            file = getattr(sys.modules.get(name), "__file__", None)
+            if file and any(Path(file).resolve().is_relative_to(root) for root in roots):
+                sys.modules.pop(name, None)
+
+
+def run_fleetrl_here(*args: str, cwd: str | Path | None = None, user_code: str | Path | None = None) -> subprocess.CompletedProcess:
+    """:func:`run_fleetrl_in_process` for a command that trains or loads code: torch's threads restored after, and the
+    modules of a user's code under ``user_code`` (default: ``cwd``) forgotten (:func:`user_code_forgotten`)."""
+    folders = [f for f in (user_code or cwd,) if f is not None]
+    with user_code_forgotten(*folders):
+        return run_fleetrl_in_process(*args, cwd=cwd)
+
+
+def run_python_file_here(file: str, *args: str, cwd: str | Path) -> subprocess.CompletedProcess:
+    """``python FILE ARGS`` run in ``cwd`` in this process (runpy, as ``__main__``, its folder first on the path, argv[0]
+    as given), its output and exit status as :func:`run_fleetrl` gives them; then forgotten as :func:`run_fleetrl_here`
+    does. A test that needs the interpreter's own start (signals, exit codes of the process) runs it for real."""
+    import io
+    import runpy
+    import traceback
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with user_code_forgotten(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd):
+        sys.argv[:] = [file, *args]
+        sys.path.insert(0, str(Path(file).resolve().parent))
+        try:
+            runpy.run_path(file, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - as the interpreter would: a traceback and status 1
+            traceback.print_exc()
+            code = 1
+    return subprocess.CompletedProcess(["python", file, *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def child_env(monkeypatch) -> None:
+    """This process's environment as :func:`run_fleetrl` gives its process (the tests folder importable, one thread), for a
+    command run here whose runs are processes of their own (`fleetrl benchmark`, `fleetrl tune`): they inherit it."""
+    for name, value in fleetrl_env().items():
+        if os.environ.get(name) != value:
+            monkeypatch.setenv(name, value)

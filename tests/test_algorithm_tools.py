@@ -1,7 +1,7 @@
 """The tools work for the algorithms of issue 36 as for PPO: `fleetrl benchmark` runs their seeds and prints the
 interval summary, `fleetrl plot` and `fleetrl compare` read those runs, and `fleetrl tune` passes a trial's values to
 their flags. (eval, torchrun, resume and SIGTERM are each algorithm's own test file's; `--slurm` is the benchmark
-runner's, whatever the command.)"""
+runner's, whatever the command.) The tools run in this process; the runs they start are real `fleetrl train` processes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import shutil
 import pytest
 from optuna.trial import TrialState
 
-from conftest import run_fleetrl
+from conftest import run_fleetrl_here
 from fleetrl.checkpoint import load_checkpoint
 from test_tune import load, tune_args, write_space
 
@@ -30,24 +30,23 @@ ALGOS = {
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("algo", list(ALGOS))
-def test_benchmark_plot_compare_and_tune_run_the_algorithm(tmp_path, algo):
+def test_benchmark_plot_compare_and_tune_run_the_algorithm(tmp_path, algo, child_env):
     flags, space = ALGOS[algo]
     command = ["fleetrl", "train", algo, *flags, "--env-backend", "sync"]
     out = tmp_path / "bench"
-    bench = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *command,
-                        timeout=400)
+    bench = run_fleetrl_here("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *command)
     assert bench.returncode == 0, bench.stdout + bench.stderr
     assert "| CartPole-v1 | return | 2 |" in bench.stdout and "IQM [95% CI]" in bench.stdout
 
-    plot = run_fleetrl("plot", str(out), "-o", str(tmp_path / "curves.png"), timeout=120)
+    plot = run_fleetrl_here("plot", str(out), "-o", str(tmp_path / "curves.png"))
     assert plot.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, plot.stderr[-3000:]
     shutil.copytree(out, tmp_path / "same")  # a second configuration of the same runs: P(a > b) is one half
-    compare = run_fleetrl("compare", str(out), str(tmp_path / "same"), "--labels", "a", "b", "--out", str(tmp_path / "compare"), timeout=120)
+    compare = run_fleetrl_here("compare", str(out), str(tmp_path / "same"), "--labels", "a", "b", "--out", str(tmp_path / "compare"))
     assert compare.returncode == 0 and "| a | b | 0.500 [" in compare.stdout, compare.stdout + compare.stderr
 
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
-    tune = run_fleetrl(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--storage", storage, "--out", str(tmp_path / "tune"),
-                                  space=write_space(tmp_path, space), command=command), timeout=400)
+    tune = run_fleetrl_here(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--storage", storage, "--out", str(tmp_path / "tune"),
+                                       space=write_space(tmp_path, space), command=command))
     assert tune.returncode == 0, tune.stdout + tune.stderr
     study = load(storage)
     assert len(study.trials) == 2 and all(t.state == TrialState.COMPLETE for t in study.trials)

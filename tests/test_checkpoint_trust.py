@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fleetrl_env, run_fleetrl_in_process
+from conftest import fleetrl_env, run_fleetrl_here, run_fleetrl_in_process, run_python_file_here
 from fleetrl import checkpoint
 
 SHIPPED_ID = "shipped_env:CartPole-v1"  # gymnasium's CartPole, once the module is imported
@@ -65,6 +65,14 @@ def fleetrl_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fleetrl", *args], capture_output=True, text=True, cwd=folder, timeout=240, env=fleetrl_env())
 
 
+def fleetrl_here_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """:func:`fleetrl_in` in this process: run in ``folder``, with it first on the import path as `python -m fleetrl` puts
+    it; a module imported from it (the shipped one) is forgotten after, so the next import runs it again."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(folder))
+        return run_fleetrl_here(*args, cwd=folder)
+
+
 def assert_refused_naming_the_flag(proc: subprocess.CompletedProcess, *needles: str) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one paragraph
@@ -73,6 +81,7 @@ def assert_refused_naming_the_flag(proc: subprocess.CompletedProcess, *needles: 
 
 
 def test_eval_imports_a_module_a_checkpoint_names_only_when_the_user_names_it_too(download):
+    # in a process of its own, whose import path starts at the folder it runs in (the other tests here emulate it)
     refused = fleetrl_in(download.folder, "eval", "run", "--episodes", "1")
     assert not download.marker.exists(), "the shipped module ran because the checkpoint named it"
     assert_refused_naming_the_flag(refused, "'shipped_env'", f"fleetrl eval run --env-id {SHIPPED_ID}")
@@ -84,12 +93,12 @@ def test_eval_imports_a_module_a_checkpoint_names_only_when_the_user_names_it_to
 
 def test_resume_imports_a_module_a_checkpoint_names_only_when_the_user_names_it_too(download):
     for resume in (["--resume", "run"], ["--resume", "auto", "--run-dir", "run"]):
-        refused = fleetrl_in(download.folder, "train", "ppo", *resume, *MORE)
+        refused = fleetrl_here_in(download.folder, "train", "ppo", *resume, *MORE)
         assert not download.marker.exists(), f"{resume}: the shipped module ran because the checkpoint named it"
         assert_refused_naming_the_flag(refused, "'shipped_env'", f"--env-id {SHIPPED_ID}")
         assert download.steps() == [1024] and not download.elsewhere.exists()
 
-    named = fleetrl_in(download.folder, "train", "ppo", "--resume", "run", *MORE, "--env-id", SHIPPED_ID)
+    named = fleetrl_here_in(download.folder, "train", "ppo", "--resume", "run", *MORE, "--env-id", SHIPPED_ID)
     assert named.returncode == 0 and download.marker.exists(), named.stderr[-3000:]
     assert download.steps() == [1024, 1536] and not download.elsewhere.exists(), "it went on in the folder it was given"
 
@@ -97,7 +106,7 @@ def test_resume_imports_a_module_a_checkpoint_names_only_when_the_user_names_it_
 def test_a_resume_writes_into_the_run_folder_of_the_checkpoint_given_never_the_folder_saved_in_it(tmp_path, tiny_cartpole_run):
     download = shipped_run(tmp_path, tiny_cartpole_run.run_dir, "CartPole-v1")  # a plain id: nothing to import
     (ckpt,) = checkpoint.list_checkpoints(download.run)
-    resumed = fleetrl_in(download.folder, "train", "ppo", "--resume", str(ckpt.relative_to(download.folder)), *MORE)
+    resumed = fleetrl_here_in(download.folder, "train", "ppo", "--resume", str(ckpt.relative_to(download.folder)), *MORE)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert download.steps() == [1024, 1536] and not download.elsewhere.exists()
 
@@ -125,12 +134,12 @@ def crafted_algo_record(download: Download, kind: str) -> Path:
 def test_eval_never_imports_the_module_a_checkpoint_names_for_its_algorithm(tmp_path, tiny_cartpole_run):
     download = shipped_run(tmp_path, tiny_cartpole_run.run_dir, "CartPole-v1")
     empty = crafted_algo_record(download, "module")
-    refused = fleetrl_in(download.folder, "eval", "run", "--episodes", "1")
+    refused = fleetrl_here_in(download.folder, "eval", "run", "--episodes", "1")
     assert not download.marker.exists(), "evil.py ran because the checkpoint named it"
     assert_refused_naming_the_flag(refused, f"--algo-file {empty}", "no sign that you ran that code yourself")
     for kind in ("file", "something-else"):  # whatever kind it claims, the record's path is read, never its module name
         crafted_algo_record(download, kind)
-        refused = run_fleetrl_in_process("eval", "run", "--episodes", "1", cwd=download.folder)
+        refused = fleetrl_here_in(download.folder, "eval", "run", "--episodes", "1")
         assert not download.marker.exists() and refused.returncode == 2 and "--algo-file" in refused.stderr, refused.stderr
 
 
@@ -162,10 +171,9 @@ def test_a_run_folder_trained_under_another_home_needs_its_file_named_once(tmp_p
     file = tmp_path / "shared_algo_t.py"
     file.write_text(template("ppo", "shared_algo_t"))
     run_dir = tmp_path / "run"
-    env = {**fleetrl_env(), "FLEETRL_HOME": str(theirs)}
-    trained = subprocess.run([sys.executable, str(file), "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "128",
-                              "--env-backend", "sync", "--no-progress", "--precision", "fp32", "--run-dir", str(run_dir)],
-                             capture_output=True, text=True, cwd=tmp_path, timeout=240, env=env)
+    monkeypatch.setenv("FLEETRL_HOME", str(theirs))
+    trained = run_python_file_here(str(file), "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "128", "--env-backend", "sync",
+                                   "--no-progress", "--precision", "fp32", "--run-dir", str(run_dir), cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     sha = hashlib.sha256(file.read_bytes()).hexdigest()
     assert sha in (theirs / "code-you-ran.sha256").read_text()
@@ -176,9 +184,9 @@ def test_a_run_folder_trained_under_another_home_needs_its_file_named_once(tmp_p
     with pytest.raises(FleetError, match=f"--algo-file {file}") as refused:
         eval_code.for_checkpoint(state, str(run_dir), None)
     assert "shared_algo_t" not in sys.modules and "you have no record of code you ran yet" in str(refused.value)
-    named = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--algo-file", str(file), "--json")
+    named = run_fleetrl_here("eval", str(run_dir), "--episodes", "1", "--algo-file", str(file), "--json", user_code=tmp_path)
     assert named.returncode == 0, named.stderr[-3000:]
-    again = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json")  # remembered: no flag needed now
+    again = run_fleetrl_here("eval", str(run_dir), "--episodes", "1", "--json", user_code=tmp_path)  # remembered: no flag needed now
     assert again.returncode == 0 and json.loads(again.stdout)["episodes"] == 1, again.stderr[-3000:]
     monkeypatch.delitem(sys.modules, "shared_algo_t", raising=False)
 
@@ -208,7 +216,7 @@ def test_a_resumed_checkpoint_never_turns_on_uploads_the_command_line_did_not_as
     state = checkpoint.load_checkpoint(download.run)
     state["args"] = {**state["args"], "track": True, "wandb_project_name": "someone-elses", "wandb_entity": "their-team"}
     checkpoint.save_checkpoint(state, download.run, keep=1)
-    resumed = run_fleetrl_in_process("train", "ppo", "--resume", "auto", "--run-dir", str(download.run), *MORE, cwd=download.folder)
+    resumed = run_fleetrl_here("train", "ppo", "--resume", "auto", "--run-dir", str(download.run), *MORE, cwd=download.folder)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "a resume uploads only when its command line asks" in resumed.stderr
     args = checkpoint.load_checkpoint(download.run)["args"]

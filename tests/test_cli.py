@@ -10,7 +10,7 @@ from fleetrl.algos.ppo import FAMILY_DEFAULTS, Args, validate
 from fleetrl.cli import main
 from fleetrl.errors import FleetError
 
-from conftest import run_fleetrl, run_fleetrl_in_process
+from conftest import run_fleetrl_here, run_fleetrl_in_process
 
 
 def assert_clean_failure(proc, *needles):
@@ -21,7 +21,8 @@ def assert_clean_failure(proc, *needles):
 
 
 def test_unknown_env_id_names_the_closest_ids(tmp_path):
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPol-v1", "--run-dir", str(tmp_path / "r"), timeout=120)
+    # in this process: test_cli_fuzz.py's real processes check that a refusal exits cleanly from the interpreter too
+    proc = run_fleetrl_in_process("train", "ppo", "--env-id", "CartPol-v1", "--run-dir", str(tmp_path / "r"))
     assert_clean_failure(proc, "Unknown --env-id", "CartPole-v1")
 
 
@@ -52,7 +53,7 @@ def test_cuda_without_a_gpu_falls_back_to_cpu_with_one_warning(tmp_path, tiny_ca
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    proc = run_fleetrl("train", "ppo", "--cuda", "--total-timesteps", "512", "--run-dir", str(tmp_path / "r"), timeout=120)
+    proc = run_fleetrl_here("train", "ppo", "--cuda", "--total-timesteps", "512", "--no-progress", "--run-dir", str(tmp_path / "r"))
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "cuda" in line.lower()]
     assert len(warnings) == 1 and "CPU" in warnings[0]

@@ -9,7 +9,7 @@ from fleetrl.envs import make_vector_env
 from fleetrl.envs.atari import FRAME_SKIP, MAX_FRAMES_PER_EPISODE
 from fleetrl.envs.vector import episode_stats
 
-from conftest import require_module, run_fleetrl
+from conftest import require_module, run_fleetrl_here
 
 FIXED = "fleetrl_test_envs:FixedStart-v0"
 
@@ -37,16 +37,17 @@ def test_eval_envs_get_a_policy_that_never_fires_past_a_lost_life_on_breakout(ba
 
 @pytest.fixture(scope="module")
 def fixed_start_run(tmp_path_factory):
-    """A barely trained policy on an env whose every episode is the same: its action probabilities are far from 0 and 1."""
+    """A barely trained policy on an env whose every episode is the same: its action probabilities are far from 0 and 1.
+    Trained, and evaluated below, in this process (`fleetrl eval` runs as a process of its own in test_cli_fuzz.py)."""
     run_dir = tmp_path_factory.mktemp("eval") / "run"
-    proc = run_fleetrl("train", "ppo", "--env-id", FIXED, "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "128",
-                       "--run-dir", str(run_dir), "--no-cuda", timeout=240)
+    proc = run_fleetrl_here("train", "ppo", "--env-id", FIXED, "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "128",
+                            "--run-dir", str(run_dir), "--no-cuda", "--no-progress")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
 
 
 def evaluate(run_dir, *flags: str) -> dict:
-    proc = run_fleetrl("eval", str(run_dir), "--env-id", FIXED, "--episodes", "6", "--json", *flags, timeout=240)
+    proc = run_fleetrl_here("eval", str(run_dir), "--env-id", FIXED, "--episodes", "6", "--json", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import require_module, run_fleetrl
+from conftest import require_module, run_fleetrl_here
 
 from fleetrl import checkpoint
 from fleetrl.algos.source import import_file, sha256_of
@@ -124,10 +124,13 @@ def test_rpo_rollout_samples_from_the_unperturbed_policy(rpo, actor_type):
 
 
 def test_rpo_file_trains_checkpoints_and_evaluates_as_a_users_file(tmp_path):
+    """`fleetrl train examples/rpo.py` and `fleetrl eval` in this process (a user's file trains as a process of its own in
+    test_user_algos.py); the module ``rpo`` it imports is forgotten after, unless the fixture above had it already."""
     require_module("mujoco", "mujoco")
     run_dir = tmp_path / "run"
-    trained = run_fleetrl("train", str(RPO_FILE), "--env-id", "InvertedPendulum-v5", "--total-timesteps", "512", "--num-steps", "256",
-                          "--num-minibatches", "4", "--update-epochs", "2", "--rpo-alpha", "0.3", "--run-dir", str(run_dir), cwd=tmp_path, timeout=300)
+    trained = run_fleetrl_here("train", str(RPO_FILE), "--env-id", "InvertedPendulum-v5", "--total-timesteps", "512", "--num-steps", "256",
+                               "--num-minibatches", "4", "--update-epochs", "2", "--rpo-alpha", "0.3", "--run-dir", str(run_dir), "--no-progress",
+                               cwd=tmp_path, user_code=RPO_FILE.parent)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert "fleetrl rpo: InvertedPendulum-v5" in trained.stdout, trained.stdout[-2000:]
     (ckpt,) = checkpoint.list_checkpoints(run_dir)
@@ -136,6 +139,6 @@ def test_rpo_file_trains_checkpoints_and_evaluates_as_a_users_file(tmp_path):
     assert state["args"]["rpo_alpha"] == 0.3 and state["args"]["exp_name"] == "rpo"
     assert state["algo_file"]["path"] == str(RPO_FILE) and state["algo_file"]["sha256"] == sha256_of(RPO_FILE)
 
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", cwd=tmp_path, timeout=300)
+    evaluated = run_fleetrl_here("eval", str(run_dir), "--episodes", "1", cwd=tmp_path, user_code=RPO_FILE.parent)
     assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
     assert "InvertedPendulum-v5 @ step 512: return" in evaluated.stdout, evaluated.stdout[-2000:]

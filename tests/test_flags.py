@@ -12,7 +12,7 @@ from fleetrl.algos.ppo import Agent, Args, ppo_loss
 from fleetrl.distributed import Dist
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import fleetrl_env, require_module, run_fleetrl
+from conftest import fleetrl_env, require_module, run_fleetrl_here
 
 TINY = ["--num-envs", "2", "--num-steps", "64", "--checkpoint-every", "1000"]  # 128 a batch
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda", *TINY]
@@ -52,7 +52,7 @@ def lr_steps(run_dir) -> list[float]:
 def test_no_anneal_lr_keeps_the_learning_rate_flat_and_target_kl_stops_the_epochs_early(tmp_path):
     runs = {"default": [], "flat": ["--no-anneal-lr"], "kl": ["--target-kl", "1e-9"]}
     for name, flags in runs.items():
-        proc = run_fleetrl("train", "ppo", *CARTPOLE, "--total-timesteps", "384", "--run-dir", str(tmp_path / name), *flags, timeout=240)
+        proc = run_fleetrl_here("train", "ppo", *CARTPOLE, "--total-timesteps", "384", "--no-progress", "--run-dir", str(tmp_path / name), *flags)
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert lr_steps(tmp_path / "flat") == pytest.approx([2.5e-4] * 3)
     annealed = lr_steps(tmp_path / "default")
@@ -67,14 +67,19 @@ def test_no_anneal_lr_keeps_the_learning_rate_flat_and_target_kl_stops_the_epoch
     assert adam_steps("kl") == 3 * 4
 
 
-def run_probed(tmp_path, *flags: str, cuda: bool = False) -> list[tuple[str, int, int]]:
+def run_probed(tmp_path, *flags: str, cuda: bool = False, here: bool = False) -> list[tuple[str, int, int]]:
     """Train on TorchProbe-v0 in one process (sync envs): (when, torch threads, CUDA bytes allocated) at each env
-    reset and at close."""
+    reset and at close. ``here``: in this process (torch's threads restored after), else in a process of its own."""
     probe = tmp_path / "probe"
-    env = {**fleetrl_env(threads=1), "FLEETRL_TORCH_PROBE": str(probe)}
-    proc = subprocess.run([sys.executable, "-m", "fleetrl", "train", "ppo", *TINY, "--env-id", "fleetrl_test_envs:TorchProbe-v0",
-                           "--env-backend", "sync", "--total-timesteps", "256", "--run-dir", str(tmp_path / "run"),
-                           "--cuda" if cuda else "--no-cuda", *flags], capture_output=True, text=True, timeout=240, env=env)
+    argv = ["train", "ppo", *TINY, "--env-id", "fleetrl_test_envs:TorchProbe-v0", "--env-backend", "sync", "--total-timesteps", "256",
+            "--run-dir", str(tmp_path / "run"), "--cuda" if cuda else "--no-cuda", *flags]
+    if here:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("FLEETRL_TORCH_PROBE", str(probe))
+            proc = run_fleetrl_here(*argv, "--no-progress")
+    else:
+        env = {**fleetrl_env(threads=1), "FLEETRL_TORCH_PROBE": str(probe)}
+        proc = subprocess.run([sys.executable, "-m", "fleetrl", *argv], capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [(when, int(threads), int(cuda_bytes)) for when, threads, cuda_bytes in (line.split() for line in probe.read_text().splitlines())]
 
@@ -82,20 +87,21 @@ def run_probed(tmp_path, *flags: str, cuda: bool = False) -> list[tuple[str, int
 @pytest.mark.slow
 def test_torch_threads_sets_the_learners_threads(tmp_path):
     # acting runs on 1 thread by design (sampler.py); the learner's threads are the trainer thread's outside rollouts
-    closes = [threads for when, threads, _ in run_probed(tmp_path, "--torch-threads", "3") if when == "close"]
+    # in this process, whose own thread count is restored after each run
+    closes = [threads for when, threads, _ in run_probed(tmp_path, "--torch-threads", "3", here=True) if when == "close"]
     assert closes[-1] == 3, closes  # the training envs close last (an env made earlier to read the spaces may close first)
     (tmp_path / "default").mkdir()
-    default = [threads for when, threads, _ in run_probed(tmp_path / "default") if when == "close"]
+    default = [threads for when, threads, _ in run_probed(tmp_path / "default", here=True) if when == "close"]
     assert default[-1] != 3, "without the flag the plan picks another count (cores / processes): the flag made the difference"
 
 
 @pytest.mark.slow
 def test_resume_with_a_larger_total_continues_to_it_and_keeps_the_saved_flags(tmp_path):
     run_dir = tmp_path / "run"
-    first = run_fleetrl("train", "ppo", *CARTPOLE, "--total-timesteps", "512", "--learning-rate", "1e-3", "--ent-coef", "0.02",
-                        "--run-dir", str(run_dir), timeout=240)
+    first = run_fleetrl_here("train", "ppo", *CARTPOLE, "--total-timesteps", "512", "--learning-rate", "1e-3", "--ent-coef", "0.02",
+                             "--run-dir", str(run_dir), "--no-progress")
     assert first.returncode == 0, first.stderr[-3000:]
-    more = run_fleetrl("train", "ppo", "--resume", "auto", "--run-dir", str(run_dir), "--total-timesteps", "1024", "--no-cuda", timeout=240)
+    more = run_fleetrl_here("train", "ppo", "--resume", "auto", "--run-dir", str(run_dir), "--total-timesteps", "1024", "--no-cuda", "--no-progress")
     assert more.returncode == 0, more.stderr[-3000:]
     final = checkpoint.load_checkpoint(run_dir)
     assert int(final["global_step"]) == 1024

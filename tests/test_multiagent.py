@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import killed_on_exit, require_module, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
+from conftest import killed_on_exit, require_module, run_fleetrl_here, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
 from fleetrl import checkpoint
 from fleetrl.algos.ppo import Agent, gae, rollout
 from fleetrl.envs import make_vector_env
@@ -138,7 +138,7 @@ def test_normalisation_statistics_leave_out_the_rows_of_a_gone_agent():
 @pytest.mark.slow
 def test_parameter_shared_ppo_learns_the_coordination_game_and_plays_it_greedily(tmp_path):
     run_dir = tmp_path / "run"
-    trained = run_fleetrl("train", "ppo", "--env-id", COORDINATE, "--total-timesteps", "20000", "--learning-rate", "3e-3", "--num-envs",
+    trained = run_fleetrl_here("train", "ppo", "--env-id", COORDINATE, "--total-timesteps", "20000", "--learning-rate", "3e-3", "--num-envs",
                           "8", "--num-steps", "64", "--seed", "1", "--torch-threads", "1", "--env-backend", "sync", "--run-dir", str(run_dir),
                           "--no-progress")
     assert trained.returncode == 0, trained.stderr[-3000:]
@@ -147,11 +147,11 @@ def test_parameter_shared_ppo_learns_the_coordination_game_and_plays_it_greedily
     assert np.mean(returns[-40:]) > 8.5, "one network plays both roles"
     for player in (0, 1):  # CleanRL's per-player charts
         assert read_scalars(str(run_dir), f"charts/episodic_return-player{player}")
-    out = run_fleetrl("eval", str(run_dir), "--env-id", COORDINATE, "--episodes", "4", "--json").stdout
+    out = run_fleetrl_here("eval", str(run_dir), "--env-id", COORDINATE, "--episodes", "4", "--json").stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["episodes"] == 4 and result["mean_return"] == 10.0
     assert result["agent_returns"] == {"player_0": [10.0] * 4, "player_1": [10.0] * 4}
-    out = run_fleetrl("eval", str(run_dir), "--env-id", COORDINATE, "--episodes", "20", "--opponent", "random", "--json").stdout
+    out = run_fleetrl_here("eval", str(run_dir), "--env-id", COORDINATE, "--episodes", "20", "--opponent", "random", "--json").stdout
     against_random = json.loads(out.strip().splitlines()[-1])
     assert 1.0 < against_random["mean_return"] < 6.0, "a random partner plays its role a third of the time"
 
@@ -160,11 +160,12 @@ def test_parameter_shared_ppo_learns_the_coordination_game_and_plays_it_greedily
 @pytest.mark.timeout(400)
 def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical(tmp_path, monkeypatch):
     # 32 steps an iteration are 4 whole games of 8 steps, so each checkpoint falls between games, and a resumed run's
-    # fresh games are the ones an uninterrupted run plays next; each step sleeps 5 ms so the SIGTERM lands mid-run
+    # fresh games are the ones an uninterrupted run plays next; each step sleeps 5 ms so the SIGTERM lands mid-run. The
+    # uninterrupted run and the resume run in this process (1 torch thread, as the stopped process): the signal is the real one
     monkeypatch.setenv("LEAVE_EARLY_STEP_S", "0.005")
     tiny = ["train", "ppo", "--env-id", LEAVE_EARLY, "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--seed", "3",
             "--torch-threads", "1", "--env-backend", "sync", "--no-progress", "--total-timesteps", str(12 * 128), "--checkpoint-every", "1"]
-    whole = run_fleetrl(*tiny, "--run-dir", str(tmp_path / "whole"), timeout=240)
+    whole = run_fleetrl_here(*tiny, "--run-dir", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     proc = start_fleetrl_group(*tiny, "--run-dir", str(tmp_path / "part"))
     with killed_on_exit(proc):
@@ -173,7 +174,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical(tmp_path, mo
         assert proc.wait(timeout=120) == 143
     stopped = checkpoint.load_checkpoint(tmp_path / "part")
     assert 2 * 128 <= stopped["global_step"] < 12 * 128
-    resumed = run_fleetrl(*tiny, "--run-dir", str(tmp_path / "part"), "--resume", "auto", timeout=240)
+    resumed = run_fleetrl_here(*tiny, "--run-dir", str(tmp_path / "part"), "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     first, second = checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(tmp_path / "part")
     assert first["global_step"] == second["global_step"] == 12 * 128
@@ -191,7 +192,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical(tmp_path, mo
     (["--env-id", COORDINATE, "--env-backend", "envpool"], ["sync and async"]),
 ])
 def test_bad_multiagent_input_is_one_clear_error(argv, words, tmp_path):
-    result = run_fleetrl("train", "ppo", *argv, "--total-timesteps", "4096", "--run-dir", str(tmp_path / "r"))
+    result = run_fleetrl_here("train", "ppo", *argv, "--total-timesteps", "4096", "--run-dir", str(tmp_path / "r"))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     for word in words:
@@ -365,13 +366,13 @@ def test_torchrun_two_ranks_train_parameter_shared_ppo_to_identical_replicas(tmp
 def test_an_mpe_game_trains_records_video_and_evaluates_per_agent(tmp_path):
     require_module("mpe2")
     run_dir = tmp_path / "run"
-    trained = run_fleetrl("train", "ppo", "--env-id", "mpe2.simple_spread_v3", "--total-timesteps", "1536", "--capture-video",
+    trained = run_fleetrl_here("train", "ppo", "--env-id", "mpe2.simple_spread_v3", "--total-timesteps", "1536", "--capture-video",
                           "--run-dir", str(run_dir), "--no-progress")
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert checkpoint.load_checkpoint(run_dir)["args"]["num_envs"] == 6, "PPO's 4 rows, rounded up to 2 games of 3"
     assert len(read_scalars(str(run_dir), "charts/episodic_return-player2")) > 0
     assert list((run_dir / "videos").glob("*.mp4"))
-    out = run_fleetrl("eval", str(run_dir), "--episodes", "2", "--capture-video", "--json")
+    out = run_fleetrl_here("eval", str(run_dir), "--episodes", "2", "--capture-video", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["episodes"] == 2 and set(result["agent_returns"]) == {"agent_0", "agent_1", "agent_2"}
@@ -380,7 +381,8 @@ def test_an_mpe_game_trains_records_video_and_evaluates_per_agent(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_benchmark_plot_compare_and_tune_run_a_multiagent_game(tmp_path):
+def test_benchmark_plot_compare_and_tune_run_a_multiagent_game(tmp_path, child_env):
+    """The tools in this process; the runs they start are real `fleetrl train` processes."""
     import shutil
 
     from optuna.trial import TrialState
@@ -388,18 +390,17 @@ def test_benchmark_plot_compare_and_tune_run_a_multiagent_game(tmp_path):
 
     command = ["fleetrl", "train", "ppo", "--total-timesteps", "1024", "--num-envs", "4", "--num-steps", "64", "--env-backend", "sync"]
     out = tmp_path / "bench"
-    bench = run_fleetrl("benchmark", "--env-ids", COORDINATE, "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *command,
-                        timeout=400)
+    bench = run_fleetrl_here("benchmark", "--env-ids", COORDINATE, "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *command)
     assert bench.returncode == 0, bench.stdout + bench.stderr
     assert f"| {COORDINATE} | return | 2 |" in bench.stdout and "IQM [95% CI]" in bench.stdout
-    plot = run_fleetrl("plot", str(out), "-o", str(tmp_path / "curves.png"), timeout=120)
+    plot = run_fleetrl_here("plot", str(out), "-o", str(tmp_path / "curves.png"))
     assert plot.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, plot.stderr[-3000:]
     shutil.copytree(out, tmp_path / "same")
-    compare = run_fleetrl("compare", str(out), str(tmp_path / "same"), "--labels", "a", "b", "--out", str(tmp_path / "compare"), timeout=120)
+    compare = run_fleetrl_here("compare", str(out), str(tmp_path / "same"), "--labels", "a", "b", "--out", str(tmp_path / "compare"))
     assert compare.returncode == 0 and "| a | b | 0.500 [" in compare.stdout, compare.stdout + compare.stderr
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     space = write_space(tmp_path, "learning-rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
-    tune = run_fleetrl(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--storage", storage, "--out", str(tmp_path / "tune"),
-                                  space=space, command=command, env_ids=(COORDINATE,)), timeout=400)
+    tune = run_fleetrl_here(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--storage", storage, "--out", str(tmp_path / "tune"),
+                                       space=space, command=command, env_ids=(COORDINATE,)))
     assert tune.returncode == 0, tune.stdout + tune.stderr
     assert len(load(storage).trials) == 2 and all(t.state == TrialState.COMPLETE for t in load(storage).trials)

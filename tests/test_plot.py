@@ -9,30 +9,26 @@ from fleetrl.monitor.tbread import read_scalars
 from fleetrl.tools import plot as plot_tool
 from fleetrl.tools.plot import common_grid, find_runs, group_runs, parse_run_name, smooth
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl_group, run_fleetrl_in_process
+from conftest import run_fleetrl, run_fleetrl_here, run_fleetrl_in_process
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def two_seed_runs(tmp_path_factory):
-    """Two seeds of a 2048-step CartPole run, in CleanRL's folder names, trained side by side (one thread each)."""
+    """Two seeds of a 2048-step CartPole run, in CleanRL's folder names, trained one after the other in this process."""
     root = tmp_path_factory.mktemp("runs")
-    procs = [
-        start_fleetrl_group("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", "2048", "--seed", str(seed), "--no-cuda", "--torch-threads", "1",
-                      "--run-dir", str(root / f"CartPole-v1__ppo__{seed}__170000000{seed}"))  # fmt: skip
-        for seed in (1, 2)
-    ]
-    with killed_on_exit(*procs):
-        for proc in procs:
-            output, _ = proc.communicate(timeout=240)
-            assert proc.returncode == 0, output
+    for seed in (1, 2):
+        proc = run_fleetrl_here("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", "2048", "--seed", str(seed), "--no-cuda",
+                                "--torch-threads", "1", "--no-progress", "--run-dir", str(root / f"CartPole-v1__ppo__{seed}__170000000{seed}"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
     return root
 
 
 @pytest.mark.slow
 def test_plot_writes_a_png_with_both_seeds_in_one_panel(two_seed_runs, tmp_path):
     out = tmp_path / "curves.png"
+    # `fleetrl plot` in a process of its own (the other plots here run in this process)
     proc = run_fleetrl("plot", str(two_seed_runs), "-o", str(out), "--svg", "--smooth", "3", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "1 panel, 2 runs" in proc.stdout and "CartPole-v1: ppo, 2 runs" in proc.stdout
@@ -47,7 +43,7 @@ def test_plot_writes_a_png_with_both_seeds_in_one_panel(two_seed_runs, tmp_path)
 @pytest.mark.slow
 def test_plot_against_wall_time_draws_seconds_and_a_metric_with_no_points_is_a_clear_error(two_seed_runs, tmp_path, monkeypatch):
     svg = tmp_path / "time.svg"
-    proc = run_fleetrl("plot", str(two_seed_runs), "--x", "time", "-o", str(svg), timeout=120)
+    proc = run_fleetrl_here("plot", str(two_seed_runs), "--x", "time", "-o", str(svg))
     assert proc.returncode == 0, proc.stderr
     assert svg.read_text().lstrip().startswith("<?xml") and not svg.with_suffix(".png").exists()
     assert "wall time (s)" in svg.read_text() and "global step" not in svg.read_text()  # matplotlib keeps text as comments
@@ -60,7 +56,7 @@ def test_plot_against_wall_time_draws_seconds_and_a_metric_with_no_points_is_a_c
         steps = [p.step for p in read_scalars(run_dir, "charts/episodic_return")]
         assert xs[0] == 0 and xs[-1] == pytest.approx(max(wall) - wall[0]), "seconds since the run's first point"
         assert xs[-1] < 240 < max(steps), "a 2048-step run trains in seconds (the fixture allows 240 s): these are not steps"
-    missing = run_fleetrl("plot", str(two_seed_runs), "--metric", "charts/no_such_tag", "-o", str(tmp_path / "x.png"), timeout=120)
+    missing = run_fleetrl_here("plot", str(two_seed_runs), "--metric", "charts/no_such_tag", "-o", str(tmp_path / "x.png"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "has points for --metric charts/no_such_tag" in missing.stderr and "charts/episodic_return" in missing.stderr
 

@@ -121,16 +121,16 @@ def test_missing_imageio_ffmpeg_names_the_pip_install(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sync", "async", "async-threads"])
 def test_training_records_episodes_0_1_and_8_of_env_0_each_its_length_plus_one_frame(tmp_path, backend):
-    from conftest import run_fleetrl
+    from conftest import run_fleetrl_here
 
     # FixedStart-v0 episodes last 20 steps: env 0 plays 10 of them in 200 steps, and CleanRL's schedule records 0, 1 and 8;
-    # with stepping threads env 0 renders in a worker's thread, beside env 1
+    # with stepping threads env 0 renders in a worker's thread, beside env 1. The trainer runs in this process (its async
+    # backends' workers are processes of their own still)
     threads = ["--env-workers", "1", "--env-threads", "2"] if backend == "async-threads" else []
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "ppo", "--env-id", "fleetrl_test_envs:FixedStart-v0", "--env-backend", backend.split("-")[0], *threads,
-                       "--num-envs", "2",
-                       "--num-steps", "100", "--total-timesteps", "400", "--capture-video", "--run-dir", str(run_dir), "--no-cuda",
-                       timeout=240)
+    proc = run_fleetrl_here("train", "ppo", "--env-id", "fleetrl_test_envs:FixedStart-v0", "--env-backend", backend.split("-")[0], *threads,
+                            "--num-envs", "2", "--num-steps", "100", "--total-timesteps", "400", "--capture-video", "--run-dir", str(run_dir),
+                            "--no-cuda", "--no-progress")
     assert proc.returncode == 0, proc.stderr[-3000:]
     videos = sorted((run_dir / "videos").glob("*.mp4"))
     assert [v.name for v in videos] == [f"rl-video-episode-{i}.mp4" for i in (0, 1, 8)]
