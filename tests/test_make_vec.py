@@ -5,10 +5,12 @@ CartPole, Breakout and a MuJoCo env; a gymnasium 1.x script runs on make_vec wit
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import io
 import os
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -20,7 +22,6 @@ from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from conftest import fleetrl_env
 from fleetrl.envs import EnvFactory, make_vec
 from fleetrl.envs.gym_vector import FleetVectorEnv
 from fleetrl.errors import FleetError
@@ -659,7 +660,7 @@ def test_close_stops_every_async_worker():
 @pytest.fixture(scope="module")
 def cleanrl_scripts(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cleanrl")
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cleanrl" / "patch.py"), str(out)], check=True)
+    runpy.run_path(str(ROOT / "benchmarks" / "cleanrl" / "patch.py"))["main"](out)  # its main, without a process of its own
     return out
 
 
@@ -675,12 +676,20 @@ def test_cleanrl_scripts_change_only_the_line_that_builds_envs(cleanrl_scripts):
         assert removed[0] == "    envs = gym.vector.SyncVectorEnv(" and all(line.startswith(" " * 8) for line in removed[1:]), removed
 
 
-def run_cleanrl(scripts: Path, script: str, *args: str, timeout: float = 300) -> str:
-    env = fleetrl_env()
-    proc = subprocess.run([sys.executable, str(scripts / script), *args], cwd=scripts, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc.stdout
+def run_cleanrl(scripts: Path, script: str, *args: str) -> str:
+    """Run CleanRL's ``script`` as ``python script ARGS`` would, but in this process (no process start and torch import
+    per run: what is under test is the script's use of make_vec, not a process); returns what it printed."""
+    import torch
+
+    out, threads = io.StringIO(), torch.get_num_threads()
+    try:
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.chdir(scripts):
+            mp.setattr(sys, "argv", [str(scripts / script), *args])
+            mp.syspath_prepend(str(scripts))  # its cleanrl_utils, as Python puts a script's folder first
+            runpy.run_path(str(scripts / script), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+    return out.getvalue()
 
 
 def tensorboard_scalars(run_dir: Path, tag: str) -> list[float]:
@@ -693,10 +702,10 @@ def tensorboard_scalars(run_dir: Path, tag: str) -> list[float]:
 
 @pytest.mark.slow
 def test_cleanrls_ppo_trains_on_make_vec(cleanrl_scripts):
-    out = run_cleanrl(cleanrl_scripts, "ppo_make_vec.py", "--total-timesteps", "2048", "--seed", "3")
+    out = run_cleanrl(cleanrl_scripts, "ppo_make_vec.py", "--total-timesteps", "1024", "--seed", "3")
     assert "env backend: sync (auto: " in out and "SPS:" in out and "episodic_return=" in out
     runs = sorted((cleanrl_scripts / "runs").glob("CartPole-v1__ppo_make_vec__3__*"))
-    assert runs and len(tensorboard_scalars(runs[-1], "charts/SPS")) == 4  # 2048 / (4 envs x 128 steps) iterations
+    assert runs and len(tensorboard_scalars(runs[-1], "charts/SPS")) == 2  # 1024 / (4 envs x 128 steps) iterations
     assert tensorboard_scalars(runs[-1], "charts/episodic_return")
 
 
@@ -705,7 +714,8 @@ def test_cleanrls_ppo_trains_on_make_vec(cleanrl_scripts):
 def test_cleanrls_ppo_continuous_action_learns_from_the_same_episodes_on_make_vec_as_on_sync_vector_env(cleanrl_scripts):
     # one seed on both: make_vec hands the script what SyncVectorEnv does, so with torch's deterministic CPU kernels the
     # learner's every episode is the same (printing "episodic_return=" alone would hold for any data)
-    args = ("--env-id", "InvertedPendulum-v5", "--total-timesteps", "2048", "--num-steps", "512", "--seed", "4")
+    # 4 iterations of 2 epochs: the later iterations' episodes are played by a policy the updates changed
+    args = ("--env-id", "InvertedPendulum-v5", "--total-timesteps", "1024", "--num-steps", "256", "--update-epochs", "2", "--seed", "4")
     out = run_cleanrl(cleanrl_scripts, "ppo_continuous_action_make_vec.py", *args)
     run_cleanrl(cleanrl_scripts, "ppo_continuous_action_gym_sync.py", *args)
     assert "env backend: " in out and "SPS:" in out
