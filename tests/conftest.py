@@ -271,6 +271,9 @@ def run_fleetrl_in_process(*args: str, cwd: str | Path | None = None) -> subproc
     from fleetrl.cli import main
 
     out, err, code = io.StringIO(), io.StringIO(), 0
+    # a run sets torch's thread count for its process (its thread plan): the test's process gets its own back after
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else None
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd or os.getcwd()):
         try:
             main(list(args))
@@ -281,6 +284,9 @@ def run_fleetrl_in_process(*args: str, cwd: str | Path | None = None) -> subproc
         except BaseException:  # noqa: BLE001 (a KeyboardInterrupt too: the process would print it and exit)
             traceback.print_exc()
             code = 1
+        finally:
+            if threads is not None:
+                torch.set_num_threads(threads)
     return subprocess.CompletedProcess(["fleetrl", *args], code, out.getvalue(), err.getvalue())
 
 
