@@ -720,7 +720,8 @@ def cmd_tune(opts: argparse.Namespace) -> None:
                 run_process([sys.executable, "-m", "fleetrl", "benchmark", "--env-ids", "CartPole-v1", "--num-seeds", str(opts.retrain_seeds), "--start-seed",
                              "101", "--workers", str(opts.parallel), "--out", str(out / f"retrain_{name}"), "--", *command])
                 (row,) = csv.DictReader(open(out / f"retrain_{name}" / "summary.csv"))
-                scores.append([f"`{shlex.join(command[3:])}`", f"{float(row['final_return_mean']):.1f} ± {float(row['final_return_std']):.1f}"])
+                label = "CleanRL's defaults" if name == "defaults" else f"tuned (`{shlex.join(command[3:])}`)"
+                scores.append([label, f"{float(row['final_return_mean']):.1f} ± {float(row['final_return_std']):.1f}"])
             print(f"\na {opts.study_trials}-trial study at {opts.study_steps:,} steps ({wall:.0f} s), its best and CleanRL's defaults retrained "
                   f"on seeds 101...\n\n" + table(["parameters", "final return (mean ± std over seeds)"], scores))
         elif part == "orphans":
@@ -768,7 +769,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--env-share-child"]:
         return env_share_child(sys.argv[2], sys.argv[3:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="what", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True)
     for name, scenarios in (("ppo", "breakout,cartpole,slow-env-lag,straggler"), ("offpolicy", "dqn,sac,td3")):
         p = sub.add_parser(name, help=f"{name}: fleetrl against the plain loop, the clock in the run")
         p.add_argument("--scenarios", "--algos", default=scenarios, help=f"comma-separated [{scenarios}]")
@@ -832,10 +833,10 @@ def main() -> None:
     p.add_argument("--pruning-flags", default="", help="extra tune flags of the pruned study, e.g. '--prune-after-trials 3'")
     p.add_argument("--pruning-space", choices=("fixed-cost", "full"), default="fixed-cost")
     opts = parser.parse_args()
-    if opts.what == "threads" and (opts.overlap_child or opts.omp_child):
+    if opts.cmd == "threads" and (opts.overlap_child or opts.omp_child):
         return emit(overlap_child(opts.overlap_child, opts.overlap_seconds) if opts.overlap_child else omp_child(opts.omp_child))
     {"ppo": cmd_ppo, "offpolicy": cmd_offpolicy, "train": cmd_train, "envs": cmd_envs, "threads": cmd_threads, "make-vec": cmd_make_vec,
-     "scaling": cmd_scaling, "tune": cmd_tune}[opts.what](opts)
+     "scaling": cmd_scaling, "tune": cmd_tune}[opts.cmd](opts)
 
 
 if __name__ == "__main__":
