@@ -1,7 +1,7 @@
 """Odd environments train, or stop with one clear message naming the env and the step (never a traceback).
 
 The envs are in tests/fleetrl_test_envs.py (`fleetrl_test_envs:Uint8Obs-v0`, ...). The fast tests check each
-piece in-process; the slow ones run the real CLI.
+piece; the slow ones run the real CLI (its entry point in the test's process, or a process where env workers run).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fleetrl_test_envs  # noqa: F401 - registers the odd envs
-from conftest import run_fleetrl
+from conftest import run_fleetrl, run_fleetrl_in_process
 from fleetrl import checkpoint
 from fleetrl.algos import ppo
 from fleetrl.algos.ppo import Agent, rollout
@@ -167,9 +167,15 @@ def test_check_spaces_takes_vectors_images_discrete_and_box_actions():
 # ---------------------------------------------------------------- the real CLI
 
 
-def train(env_id: str, backend: str, run_dir) -> object:
-    return run_fleetrl("train", "ppo", "--env-id", ODD + env_id, "--num-envs", "2", "--num-steps", "16", "--total-timesteps", "64",
-                       "--env-backend", backend, "--run-dir", str(run_dir), "--no-cuda", "--no-progress", timeout=120)
+def train(env_id: str, backend: str, run_dir, process: bool = False) -> object:
+    """`fleetrl train ppo` on the odd env, in this process (the CLI's entry point), or in a process of its own where an env
+    worker's output must reach the run's stderr as a user sees it."""
+    argv = ("train", "ppo", "--env-id", ODD + env_id, "--num-envs", "2", "--num-steps", "16", "--total-timesteps", "64",
+            "--env-backend", backend, "--run-dir", str(run_dir), "--no-cuda", "--no-progress")
+    if process:
+        return run_fleetrl(*argv, timeout=120)
+    registry._ANNOUNCED.clear()  # what a process says once (a flattened space), as a fresh process would
+    return run_fleetrl_in_process(*argv)
 
 
 @pytest.mark.slow
@@ -178,7 +184,8 @@ def train(env_id: str, backend: str, run_dir) -> object:
     ("Uint8Obs-v0", "async"), ("DictObs-v0", "async"), ("TupleObs-v0", "auto"),
 ])
 def test_odd_observations_train(env_id, backend, tmp_path):
-    proc = train(env_id, backend, tmp_path / "run")
+    # where workers step the env (async, auto), a real process: a worker's line would pass by this process's capture
+    proc = train(env_id, backend, tmp_path / "run", process=backend != "sync")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "done: 64 steps" in proc.stdout
     if env_id in ("DictObs-v0", "TupleObs-v0"):
@@ -188,8 +195,8 @@ def test_odd_observations_train(env_id, backend, tmp_path):
 @pytest.mark.slow
 def test_a_uint8_vector_policy_evaluates_on_the_byte_values_as_the_network_trained_on_them(tmp_path, monkeypatch):
     assert train("Uint8Obs-v0", "sync", tmp_path / "run").returncode == 0
-    proc = run_fleetrl("eval", str(tmp_path / "run"), "--env-id", ODD + "Uint8Obs-v0", "--episodes", "2", "--env-backend", "sync",
-                       "--json", timeout=120)
+    proc = run_fleetrl_in_process("eval", str(tmp_path / "run"), "--env-id", ODD + "Uint8Obs-v0", "--episodes", "2",
+                                  "--env-backend", "sync", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (result["env_id"], result["global_step"], result["episodes"]) == (ODD + "Uint8Obs-v0", 64, 2), result
@@ -227,7 +234,8 @@ def test_a_uint8_vector_policy_evaluates_on_the_byte_values_as_the_network_train
     ("MultiBinaryActions-v0", "sync", ["MultiBinary(3)", "Discrete and Box"]),
 ])
 def test_odd_env_outputs_and_spaces_stop_the_run_with_a_clear_message(env_id, backend, needles, tmp_path):
-    proc = train(env_id, backend, tmp_path / "run")
+    # where workers may step the env (auto, async), a real process: what they print would pass by this process's capture
+    proc = train(env_id, backend, tmp_path / "run", process=backend != "sync")
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     for needle in [ODD + env_id, *needles]:
