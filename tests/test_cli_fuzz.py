@@ -356,9 +356,10 @@ def engine_sentinels(monkeypatch):
     import fleetrl.algos.td3 as td3
     import fleetrl.monitor.trainlog as trainlog
     import fleetrl.offpolicy as offpolicy
+    import fleetrl.onpolicy as onpolicy
     import fleetrl.run as run
 
-    real_make, real_sampler, real_loss, real_replay = run.make_vector_env, ppo.Sampler, ppo.ppo_loss, offpolicy.make_replay
+    real_make, real_sampler, real_loss, real_replay = run.make_vector_env, onpolicy.Sampler, ppo.ppo_loss, offpolicy.make_replay
     real_learner, real_step = run.Learner, offpolicy.optimizer_step
     calls = {"loss": 0}
 
@@ -399,7 +400,7 @@ def engine_sentinels(monkeypatch):
 
     monkeypatch.setattr(run, "make_vector_env", make_vector_env)  # the session builds the envs
     monkeypatch.setattr(run, "Learner", learner)
-    monkeypatch.setattr(ppo, "Sampler", sampler)  # ppo_lstm trains through ppo.train
+    monkeypatch.setattr(onpolicy, "Sampler", sampler)  # ppo, ppo_lstm, ppg and ppo_rnd build theirs there
     monkeypatch.setattr(ppo, "ppo_loss", counted(real_loss))
     monkeypatch.setattr(pqn, "Sampler", sampler)  # pqn builds its own sampler
     monkeypatch.setattr(pqn, "td_loss", counted(pqn.td_loss))

@@ -142,7 +142,7 @@ def tiny_phase(num_envs: int = 2, num_steps: int = 8, n_iteration: int = 4, stop
                           local_num_envs=num_envs, register_shard=lambda **objects: None, stop_requested=lambda: stop,
                           stopped=lambda: StoppedBySignal("stopped by SIGTERM at global step 16.", signal.SIGTERM),
                           last_checkpoint="runs/x/checkpoints/ckpt_000000000128.pt", command="fleetrl train ppg")
-    return ppg.AuxiliaryPhase(run, agent=None, optimizer=None, grad_sync=None, sampler=None)
+    return ppg.AuxiliaryPhase(run, agent=None, optimizer=None, grad_sync=None)
 
 
 def store(phase: ppg.AuxiliaryPhase, iteration: int) -> None:

@@ -34,26 +34,60 @@ from torch import distributions as td
 from torch import nn
 from torch.distributions.categorical import Categorical
 
-from fleetrl import config
-from fleetrl.accel import autocast
+from fleetrl import config, onpolicy, optim
+from fleetrl.accel import autocast, choose_accel
 from fleetrl.algos import ppo
 from fleetrl.algos.source import train_main
+from fleetrl.args import OnPolicyArgs
 from fleetrl.distributed import split_evenly
 from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import ImpalaCNN, layer_init_normed, mlp
 from fleetrl.policy import policy_fn
+from fleetrl.run import Run
+from fleetrl.sampling.sampler import local_async_batch
 
 
 # ============================================================================ arguments
 @dataclass
-class Args(ppo.PolicyGradientArgs):
+class Args(OnPolicyArgs):
+    """CleanRL's flags (experiment, PPO's, then PPG's), then the engine's (fleetrl/args.py); None: the env family's default."""
+
     exp_name: str = "ppg"
     """the name of this experiment"""
+    total_timesteps: int | None = None
+    """total timesteps of the experiments [25M Procgen, 500k classic control]"""
+    num_envs: int | None = None
+    """the number of parallel game environments [64; classic control 4]"""
+    # Algorithm specific arguments; None: the env family's default (FAMILY_DEFAULTS)
+    learning_rate: float | None = None
+    """the learning rate of the optimizer [5e-4; classic control 2.5e-4]"""
+    num_steps: int | None = None
+    """the number of steps to run in each environment per policy rollout [256; classic control 128]"""
     anneal_lr: bool = False
     """Toggle learning rate annealing for policy and value networks"""
+    gamma: float | None = None
+    """the discount factor gamma [0.999; classic control 0.99]"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int | None = None
+    """the number of mini-batches [8; classic control 4]"""
     adv_norm_fullbatch: bool = True
     """Toggle full batch advantage normalization as used in PPG code"""
+    clip_coef: float | None = None
+    """the surrogate clipping coefficient [0.2]"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float | None = None
+    """coefficient of the entropy [0.01]"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold"""
+    normalize: bool | None = None
+    """normalise observations (vectors only) and rewards with running statistics [on]"""
     stop_rollouts_gb: float = 1.0
     """on SIGTERM or Ctrl-C mid-phase, write the phase's stored rollouts with the checkpoint only up to this many GB per process (about 5 s to write); above it, stop at once without a checkpoint: the run resumes exactly from its last one, at a phase's end, redoing the iterations since"""
     checkpoint_every: int | None = None
@@ -75,10 +109,10 @@ class Args(ppo.PolicyGradientArgs):
     n_aux_grad_accum: int = 1
     """the number of gradient accumulation in mini batch"""
 
-    norm_adv = False  # PPO's loop: no minibatch normalisation (a class attribute, not a flag)
+    norm_adv = False  # PPO's loss: no minibatch normalisation (a class attribute, not a flag)
 
     @property
-    def update_epochs(self) -> int:  # PPO's loop runs E_pi epochs
+    def update_epochs(self) -> int:  # PPO's update runs E_pi epochs
         return self.e_policy
 
 
@@ -187,7 +221,7 @@ class AuxiliaryPhase:
     torch.save writes a tensor's whole storage, so a checkpoint of a phase-wide tensor would copy out the stored part
     first (6.4 GB more memory at Procgen's defaults, and its time); separate tensors are written as they are."""
 
-    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, sampler):
+    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync):
         self.run, self.args, self.dist, self.device = run, run.args, run.dist, run.device
         self.agent, self.optimizer, self.grad_sync = agent, optimizer, grad_sync
         self.num_envs = run.local_num_envs
@@ -309,10 +343,59 @@ class AuxiliaryPhase:
 
 # ============================================================================ training
 def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
-    """Train PPG, in one process or under torchrun: PPO's loop (fleetrl/algos/ppo.py) with PPG's agent, Adam's epsilon
-    and, after each iteration's update, the auxiliary phase's storage and, every --n-iteration iterations, its distillation."""
-    return ppo.train(args, explicit, algo="ppg", family_defaults=FAMILY_DEFAULTS, validate=validate, agent_type=Agent, adam_eps=1e-8,
-                     extension=AuxiliaryPhase)
+    """Train PPG, in one process or under torchrun: the policy phase is PPO's iteration (fleetrl/algos/ppo.py: its
+    rollout, GAE, loss and update) on the advantages normalised over the whole batch; after each iteration's update the
+    auxiliary phase keeps the rollout and, every --n-iteration iterations, distils."""
+    explicit = config.fields_differing_from_default(args) if explicit is None else explicit
+    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="ppg", lag_worker="sampler thread") as run:
+        args, dist, device, family = run.args, run.dist, run.device, run.family
+        batch_size = args.num_envs * args.num_steps  # global, over all ranks
+        local_minibatch_size = run.local_num_envs * args.num_steps // args.num_minibatches
+        num_iterations = args.total_timesteps // batch_size
+
+        async_batch = local_async_batch(args.async_batch, args.num_envs, run.local_num_envs)  # None, or every env (validate)
+        envs = run.make_envs(async_batch=async_batch, frame_stack=args.frame_stack)
+        obs_shape = envs.single_observation_space.shape
+        agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
+        dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
+        accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
+                             dist, verbose=dist.is_main, saved=run.remembered("accel"), memory_format=args.memory_format)
+        run.remember(accel=accel.state())
+        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-8, fused=True)
+        grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
+        run.register(model=agent, optimizer=optimizer)
+        obs_norm, reward_norm = onpolicy.normalizers(run, obs_shape)  # --normalize: one set for all envs, checkpointed
+        log = run.start_logging(envs, num_iterations, batch_size, notes={"precision": f"{accel.label}: {accel.reason}"})
+        sampler = onpolicy.sampler(run, envs, agent, log, ppo.rollout, async_batch, obs_norm, reward_norm)
+        auxiliary = AuxiliaryPhase(run, agent, optimizer, grad_sync)  # checkpointed with the run: the phase's rollouts
+        loss_fn = accel.compiled(ppo.ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails)
+        run.restore()  # a resumed run: its model, optimiser, statistics, stored rollouts and RNG streams
+
+        for iteration in run.iterations():
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ---------------------------------------------------------------- the policy phase: PPO's iteration
+            buffer = sampler.collect()
+            with log.timer.learn:
+                buffer.advantages[:] = ppo.gae(buffer, args.gamma, args.gae_lambda)
+                buffer.returns[:] = buffer.advantages + buffer.values
+            with log.timer.learn:
+                batch = onpolicy.batch(buffer, device)
+                if args.adv_norm_fullbatch:  # PPG code does full batch advantage normalization (over all ranks' batches)
+                    batch["advantages"] = dist.normalize(batch["advantages"])
+                stats = ppo.update(agent, optimizer, grad_sync, batch, loss_fn, args, dist)
+
+                # ------------------------------------------------------------ the auxiliary phase
+                stats.update(auxiliary.after_update(iteration, batch))  # store the rollout; at a phase's end, distil
+            sampler.weights_updated()  # the acting weights follow the learner (and the auxiliary phase)
+
+            # ---------------------------------------------------------------- logging
+            stats["explained_variance"] = onpolicy.explained_variance(buffer, dist)
+            run.end_iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,
+                              charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag})
+        return run.finish(agent)
 
 
 # ============================================================================ evaluation

@@ -1,13 +1,12 @@
 """PPO (clipped surrogate, GAE), discrete and continuous actions, read top to bottom as CleanRL's ppo.py.
 
-Order: arguments, networks, the rollout loop, the advantage recurrence, the loss, then training: setup, and each
-iteration's rollout, advantages, update and logging. The engine (vector envs, the sampler that schedules the envs,
-rollout buffer, normalisation, checkpoints, monitoring) is called in a few lines each.
+Order: arguments, networks, the rollout loop, the advantage recurrence, the loss, the update, then training; the engine
+(vector envs, the sampler that schedules them, normalisation, checkpoints, monitoring) is called in a line or two each.
 
 Differences from CleanRL, each on purpose:
 * time-limit truncation bootstraps from the value of the final observation;
 * episode statistics come from the env layer, so Atari reports the unclipped full-game score;
-* observation/reward normalisation statistics live here (one set for all envs) and are checkpointed;
+* --normalize keeps one set of statistics for all envs, checkpointed; rows of PettingZoo agents that left sit out;
 * checkpoints are atomic and checksummed; SIGTERM/Ctrl-C checkpoint and stop; a resumed run continues the same
   learner and RNG streams on fresh episodes (``--resume``, docs/reliability.md).
 """
@@ -22,28 +21,28 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl import config, optim
+from fleetrl import config, onpolicy, optim
 from fleetrl.accel import autocast, choose_accel
 from fleetrl.algos.source import train_main
 from fleetrl.args import ONPOLICY_RANGES, OnPolicyArgs, validate_onpolicy
 from fleetrl.distributed import Dist
 from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
-from fleetrl.nets import (ImpalaCNN, NatureCNN, categorical_logprob_entropy, categorical_sample, explained_variance,
-                          gaussian_logprob_entropy, gaussian_sample, layer_init, mlp)
+from fleetrl.nets import (ImpalaCNN, NatureCNN, categorical_logprob_entropy, categorical_sample, gaussian_logprob_entropy,
+                          gaussian_sample, layer_init, mlp)
 from fleetrl.policy import policy_fn
 from fleetrl.run import Run
-from fleetrl.sampling.normalize import ObsNormalizer, RewardNormalizer
 from fleetrl.sampling.rollout import RolloutBuffer
-from fleetrl.sampling.sampler import Due, Sampler, local_async_batch
+from fleetrl.sampling.sampler import Due, local_async_batch
 
 
 # ============================================================================ arguments
 @dataclass
-class PolicyGradientArgs(OnPolicyArgs):
-    """The flags PPO shares with PPG (fleetrl/algos/ppg.py): CleanRL's, then the engine's (fleetrl/args.py); None: the env
-    family's default."""
+class Args(OnPolicyArgs):
+    """CleanRL's flags (experiment, then PPO's), then the engine's (fleetrl/args.py); None: the env family's default."""
 
+    exp_name: str = "ppo"
+    """the name of this experiment"""
     total_timesteps: int | None = None
     """total timesteps of the experiments [500k classic control, 10M Atari, 1M MuJoCo]"""
     num_envs: int | None = None
@@ -61,8 +60,10 @@ class PolicyGradientArgs(OnPolicyArgs):
     """the lambda for the general advantage estimation"""
     num_minibatches: int | None = None
     """the number of mini-batches [4; MuJoCo 32]"""
-    adv_norm_fullbatch: bool = False
-    """normalise the advantages over the whole batch before the update, as PPG's code does (--norm-adv: each minibatch)"""
+    update_epochs: int | None = None
+    """the K epochs to update the policy [4; MuJoCo 10]"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
     clip_coef: float | None = None
     """the surrogate clipping coefficient [0.2; Atari 0.1]"""
     clip_vloss: bool = True
@@ -77,18 +78,6 @@ class PolicyGradientArgs(OnPolicyArgs):
     """the target KL divergence threshold"""
     normalize: bool | None = None
     """normalise observations (vectors only) and rewards with running statistics [on for MuJoCo and Procgen, off otherwise]"""
-
-
-@dataclass
-class Args(PolicyGradientArgs):
-    """CleanRL's flags (experiment, then PPO's), then the engine's (fleetrl/args.py); None: the env family's default."""
-
-    exp_name: str = "ppo"
-    """the name of this experiment"""
-    update_epochs: int | None = None
-    """the K epochs to update the policy [4; MuJoCo 10]"""
-    norm_adv: bool = True
-    """Toggles advantages normalization"""
 
 
 FAMILY_DEFAULTS = {  # CleanRL's ppo.py, ppo_atari.py, ppo_continuous_action.py and ppo_procgen.py (rewards normalised)
@@ -137,11 +126,9 @@ def validate(args: Args, world_size: int = 1, ranges: dict = RANGES) -> None:
                          f"split into --num-minibatches {args.num_minibatches} whole minibatches. Choose --num-minibatches that divides "
                          f"{local_batch_size} (e.g. {', '.join(map(str, config.divisors(local_batch_size)))}), or change --num-envs/--num-steps.")
     if args.norm_adv and batch_size // args.num_minibatches < 2:  # the std of one sample is undefined: a NaN loss
-        raise FleetError(
-            f"--num-minibatches {args.num_minibatches} leaves 1 sample per minibatch (a batch of {batch_size}), and advantage "
-            f"normalisation divides by each minibatch's standard deviation, which needs at least 2. Use fewer minibatches, "
-            f"more --num-envs/--num-steps, or --no-norm-adv."
-        )
+        raise FleetError(f"--num-minibatches {args.num_minibatches} leaves 1 sample per minibatch (a batch of {batch_size}), and advantage "
+                         f"normalisation divides by each minibatch's standard deviation, which needs at least 2. Use fewer minibatches, "
+                         f"more --num-envs/--num-steps, or --no-norm-adv.")
     if args.total_timesteps < batch_size:
         raise FleetError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size}); raise it.")
 
@@ -197,12 +184,11 @@ class Agent(nn.Module):
 
 # ============================================================================ rollout
 def rollout(steps: Iterable[Due]) -> None:
-    """CleanRL's rollout loop: ``--num-steps`` times, every env acts on its observation and steps.
-
-    The sampler decides which envs are due at each turn: all of them (CleanRL's serial loop), one of two groups that
-    step while the other acts (the zero-lag split, the same batch), or the first K ready (``--async-batch``); with
-    ``--policy-lag 1`` it runs this loop in its own thread while the learner trains (docs/sampling.md). Rewards, dones,
-    the final observations' values at time limits and the episodes are stored when the envs' results arrive."""
+    """CleanRL's rollout loop: ``--num-steps`` times, every env acts on its observation and steps. The sampler decides
+    which envs are due at each turn: all of them (CleanRL's serial loop), one of two groups that step while the other
+    acts (the zero-lag split, the same batch), or the first K ready (``--async-batch``); with ``--policy-lag 1`` it runs
+    this loop in its own thread while the learner trains (docs/sampling.md). Rewards, dones, the final observations'
+    values at time limits and the episodes are stored when the envs' results arrive."""
     for due in steps:  # envs whose next action is due, with their observations
         action, logprob, value = due.actor.act(due.obs, due.noise)  # the acting copy of the agent samples
         due.store(obs=due.obs, actions=action, logprobs=logprob, values=value)
@@ -211,13 +197,12 @@ def rollout(steps: Iterable[Due]) -> None:
 
 # ============================================================================ advantage
 def gae(b: RolloutBuffer, gamma: float, gae_lambda: float) -> np.ndarray:
-    """Generalised advantage estimation over a ``(T, N)`` rollout, backwards, as CleanRL's recurrence.
-
-    The value after transition t is: 0 if the episode terminated there; the value of the final observation if it was
-    truncated there (a time limit is not the end of the task, so it bootstraps, unlike CleanRL); otherwise the value
-    of the env's next observation. The advantage trace stops at every episode end. ``env_ids``: with first-ready
-    batches row t holds the envs that arrived t-th, so each env carries its own next value and trace through the rows
-    (its last transition bootstraps from ``last_values[env]``); else column i is env i."""
+    """Generalised advantage estimation over a ``(T, N)`` rollout, backwards, as CleanRL's recurrence. The value after
+    transition t is: 0 if the episode terminated there; the value of the final observation if it was truncated there (a
+    time limit is not the end of the task, so it bootstraps, unlike CleanRL); otherwise the value of the env's next
+    observation. The advantage trace stops at every episode end. ``env_ids``: with first-ready batches row t holds the
+    envs that arrived t-th, so each env carries its own next value and trace through the rows (its last transition
+    bootstraps from ``last_values[env]``); else column i is env i."""
     next_value = np.array(b.last_values, dtype=np.float64)  # per env: the value after its latest transition seen
     trace = np.zeros_like(next_value)  # per env: the advantage of its next transition
     advantages = np.zeros_like(b.values)
@@ -233,18 +218,10 @@ def gae(b: RolloutBuffer, gamma: float, gae_lambda: float) -> np.ndarray:
 
 # ============================================================================ loss
 def ppo_loss(agent: Agent, mb: dict[str, torch.Tensor], args: Args, dist: Dist) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped surrogate objective, the (clipped) value loss and the entropy bonus on one minibatch.
-
-    Under torchrun each rank holds 1/W of the global minibatch; advantages are normalised with
-    all-reduced figures, so the averaged gradient is the gradient of the global minibatch.
-    """
-    return clipped_losses(*agent.evaluate(mb), mb, args, dist)
-
-
-def clipped_losses(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Tensor, mb: dict[str, torch.Tensor], args: Args,
-                   dist: Dist, more_value_loss: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's loss from the minibatch's new log-probabilities, entropies and values. ``more_value_loss``: another value
-    head's loss, added to the value loss before its coefficient (PPO-RND's intrinsic value, as CleanRL adds it)."""
+    """The clipped surrogate objective, the (clipped) value loss and the entropy bonus on one minibatch. Under torchrun
+    each rank holds 1/W of the global minibatch; advantages are normalised with all-reduced figures, so the averaged
+    gradient is the gradient of the global minibatch."""
+    newlogprob, entropy, newvalue = agent.evaluate(mb)
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
@@ -270,13 +247,10 @@ def clipped_losses(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: to
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
-    if more_value_loss is not None:
-        v_loss = v_loss + more_value_loss
 
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = {"value_loss": v_loss, "policy_loss": pg_loss, "entropy": entropy_loss,
-             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    stats = {"value_loss": v_loss, "policy_loss": pg_loss, "entropy": entropy_loss, "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
@@ -291,25 +265,41 @@ def minibatches(batch: dict[str, torch.Tensor], num_steps: int, num_minibatches:
         yield {k: v[start : start + size] for k, v in shuffled.items()}
 
 
+def update(agent: nn.Module, optimizer: torch.optim.Optimizer, grad_sync, batch: dict[str, torch.Tensor], loss_fn: Callable,
+           args: Args, dist: Dist, minibatches: Callable = minibatches) -> dict[str, torch.Tensor]:
+    """CleanRL's update: --update-epochs passes over the batch in minibatches, an optimiser step each, early stopped
+    past --target-kl. Returns the last minibatch's scalars, the epochs' mean clip fraction and the last loss."""
+    agent.train()
+    clipfracs = []
+    for epoch in range(args.update_epochs):
+        for mb in minibatches(batch, args.num_steps, args.num_minibatches):  # this rank's 1/W of each
+            loss, stats = loss_fn(agent, mb, args, dist)
+            optimizer.zero_grad()
+            grad_sync.backward(loss)  # under torchrun, gradients are averaged over ranks as backward goes
+            # wait for the averaged gradients; the loss and KL too, so every rank decides alike
+            loss_and_kl = grad_sync.finish(torch.stack([loss.detach(), stats["approx_kl"]]))
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            clipfracs.append(stats["clipfrac"])
+        if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
+            break
+    stats["clipfrac"], stats["loss"] = torch.stack(clipfracs).mean(), loss_and_kl[0]  # a non-finite loss stops the run
+    return stats
+
+
 # ============================================================================ training
 def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", family_defaults: dict = FAMILY_DEFAULTS,
           validate: Callable = validate, agent_type: type = Agent, rollout: Callable = rollout,
-          minibatches: Callable = minibatches, adam_eps: float = 1e-5, extension: Callable | None = None) -> TrainResult:
-    """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line
-    (they win over a resumed run's saved arguments). The keywords are what a variant changes (fleetrl/algos/ppo_lstm.py:
-    a recurrent agent, a rollout that carries its state, minibatches of whole env sequences; fleetrl/algos/ppg.py and
-    ppo_rnd.py: Adam's ``adam_eps`` and ``extension(run, agent, optimizer, grad_sync, sampler)``, made before the run is
-    restored, whose methods, where it has them, replace or add a step: ``advantage(buffer) -> extra batch fields``
-    (it fills the buffer's advantages and returns; PPO-RND's two value streams), ``loss`` (ppo_loss's signature),
-    ``after_update(iteration, batch) -> scalars`` to log (PPG's auxiliary phase); ``needs_next_obs`` keeps what
-    ``buffer.next_obs()`` reads, and ``charts`` is logged as charts/NAME)."""
+          minibatches: Callable = minibatches) -> TrainResult:
+    """Train PPO, in one process or under torchrun. ``explicit``: the flags given on the command line (they win over a
+    resumed run's saved arguments). The keywords are what a variant changes (fleetrl/algos/ppo_lstm.py: a recurrent
+    agent, a rollout that carries its state, minibatches of whole env sequences)."""
     explicit = config.fields_differing_from_default(args) if explicit is None else explicit
     # torchrun, resume, defaults, seeds, device, stop signals; everything opened below is closed however the run ends
     with Run.start(args, explicit, family_defaults, validate, algo=algo, lag_worker="sampler thread") as run:
         args, dist, device, family = run.args, run.dist, run.device, run.family
         batch_size = args.num_envs * args.num_steps  # global, over all ranks
-        local_batch_size = run.local_num_envs * args.num_steps
-        local_minibatch_size = local_batch_size // args.num_minibatches  # each rank's 1/W of a global minibatch
+        local_minibatch_size = run.local_num_envs * args.num_steps // args.num_minibatches  # each rank's 1/W of a global minibatch
         num_iterations = args.total_timesteps // batch_size
 
         async_batch = local_async_batch(args.async_batch, args.num_envs, run.local_num_envs)  # None: every env each step
@@ -321,28 +311,14 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
         accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
                              dist, verbose=dist.is_main, saved=run.remembered("accel"), memory_format=args.memory_format)
         run.remember(accel=accel.state())
-        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=adam_eps, fused=True)  # one kernel for all params
+        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=agent, optimizer=optimizer)  # what checkpoints hold, besides every rank's RNG streams
-        # --normalize (MuJoCo's and Procgen's default): one set of observation and reward statistics for all envs of all
-        # ranks (their sums are all-reduced every step, or once an iteration with --policy-lag 1); images: rewards only
-        obs_norm = ObsNormalizer(obs_shape, dist.allreduce_sum_np) if args.normalize and len(obs_shape) == 1 else None
-        reward_norm = RewardNormalizer(run.local_num_envs, args.gamma, dist.allreduce_sum_np) if args.normalize else None
-        if args.normalize:
-            run.register(reward_rms=reward_norm.rms, **({"obs_rms": obs_norm.rms} if obs_norm is not None else {}))
+        obs_norm, reward_norm = onpolicy.normalizers(run, obs_shape)  # --normalize: one set for all envs, checkpointed
         log = run.start_logging(envs, num_iterations, batch_size, notes={"precision": f"{accel.label}: {accel.reason}"})
-
         # the rollout engine: acting weights, sampling RNG, buffers; serial, split, first-ready or one update behind
-        sampler = run.closing(Sampler(envs, agent, args.num_steps, rollout=rollout, device=device, seed=run.seed, env_seed=run.env_seed,
-                                      timer=log.timer, actor_device=args.actor_device, saved_actor_device=run.remembered("actor_device"),
-                                      policy_lag=args.policy_lag, async_batch=async_batch, obs_norm=obs_norm, reward_norm=reward_norm,
-                                      global_step=run.global_step, global_envs=args.num_envs, verbose=dist.is_main,
-                                      keep_next_obs=getattr(extension, "needs_next_obs", False)))  # closing: its thread, the envs
-        run.remember(actor_device=sampler.acts_on)  # where auto acts, measured once (or as the resumed run did): a resume keeps it
-        run.register_per_rank(actor=sampler)  # each rank's sampling noise
-        ext = extension(run, agent, optimizer, grad_sync, sampler) if extension is not None else None  # PPG's, PPO-RND's
-        # torch.compile with --compile (eager if it fails), else ppo_loss (or the extension's)
-        loss_fn = accel.compiled(getattr(ext, "loss", ppo_loss), agent, dist)
+        sampler = onpolicy.sampler(run, envs, agent, log, rollout, async_batch, obs_norm, reward_norm)
+        loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails)
         run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
 
         for iteration in run.iterations():  # to the last (from a resumed checkpoint's); --stop-at-return ends it early
@@ -355,45 +331,19 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "ppo", fa
 
             # ---------------------------------------------------------------- advantage
             with log.timer.learn:
-                if hasattr(ext, "advantage"):  # PPO-RND: intrinsic and extrinsic advantages, mixed
-                    extra = ext.advantage(buffer)
-                else:
-                    buffer.advantages[:] = gae(buffer, args.gamma, args.gae_lambda)
-                    buffer.returns[:] = buffer.advantages + buffer.values
-                    extra = {}
+                buffer.advantages[:] = gae(buffer, args.gamma, args.gae_lambda)
+                buffer.returns[:] = buffer.advantages + buffer.values
 
             # ---------------------------------------------------------------- update
             with log.timer.learn:
-                agent.train()
-                batch = {k: v.to(device) for k, v in {**buffer.flat(), **extra}.items()}
-                if not buffer.live.all():  # PettingZoo rows whose agent had left its game hold no transition
-                    batch = {k: v[torch.from_numpy(buffer.live.reshape(-1)).to(device)] for k, v in batch.items()}
-                if args.adv_norm_fullbatch:  # PPG code does full batch advantage normalization (over all ranks' batches)
-                    batch["advantages"] = dist.normalize(batch["advantages"])
-                clipfracs = []
-                for epoch in range(args.update_epochs):
-                    for mb in minibatches(batch, args.num_steps, args.num_minibatches):  # this rank's 1/W of each
-                        loss, stats = loss_fn(agent, mb, args, dist)
-                        optimizer.zero_grad()
-                        grad_sync.backward(loss)  # under torchrun, gradients are averaged over ranks as backward goes
-                        # wait for the averaged gradients; the loss and KL too, so every rank decides alike
-                        loss_and_kl = grad_sync.finish(torch.stack([loss.detach(), stats["approx_kl"]]))
-                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                        optimizer.step()
-                        clipfracs.append(stats["clipfrac"])
-                    if args.target_kl is not None and loss_and_kl[1] > args.target_kl:
-                        break
-                if hasattr(ext, "after_update"):  # PPG: store the rollout; every --n-iteration iterations, the auxiliary phase
-                    stats.update(ext.after_update(iteration, batch))
+                batch = onpolicy.batch(buffer, device)  # flat; PettingZoo rows whose agent had left hold nothing and sit out
+                stats = update(agent, optimizer, grad_sync, batch, loss_fn, args, dist, minibatches)
             sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
 
             # ---------------------------------------------------------------- logging
-            stats["clipfrac"], stats["loss"] = torch.stack(clipfracs).mean(), loss_and_kl[0]  # a non-finite loss stops the run
-            live = buffer.live.ravel()  # rows whose agent had left its game predicted nothing to explain
-            stats["explained_variance"] = explained_variance(buffer.values.ravel()[live], buffer.returns.ravel()[live], dist.allreduce_sum_np)
+            stats["explained_variance"] = onpolicy.explained_variance(buffer, dist)
             run.end_iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,  # and SPS, perf, resources, checkpoints
-                          charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag,
-                                  **getattr(ext, "charts", {})})
+                              charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag})
         return run.finish(agent)
 
 

@@ -1,5 +1,5 @@
 """PPO with Random Network Distillation (PPO-RND), discrete actions, Atari and classic control, read top to bottom as
-CleanRL's ppo_rnd_envpool.py, on PPO's engine (fleetrl/algos/ppo.py): its rollout, loss and update are PPO's.
+CleanRL's ppo_rnd_envpool.py, on PPO's engine (fleetrl/algos/ppo.py): its rollout, GAE and update are PPO's.
 
 Order: arguments, the networks, curiosity (the intrinsic reward and its advantage), the loss, then training. A fixed
 random target network embeds each next observation; a predictor learns to match it, and its error is the intrinsic
@@ -25,28 +25,28 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl import config
-from fleetrl.accel import autocast
+from fleetrl import config, onpolicy, optim
+from fleetrl.accel import autocast, choose_accel
 from fleetrl.algos import ppo
 from fleetrl.algos.source import train_main
 from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import categorical_logprob_entropy, layer_init
 from fleetrl.policy import policy_fn
+from fleetrl.run import Run
 from fleetrl.sampling.normalize import DiscountedSum, RunningMeanStd, stats_from_random_actions
+from fleetrl.sampling.sampler import local_async_batch
 
 
 # ============================================================================ arguments
 @dataclass
-class Args(ppo.PolicyGradientArgs):
+class Args(ppo.Args):
     exp_name: str = "ppo_rnd"
     """the name of this experiment"""
     env_id: str = "ALE/MontezumaRevenge-v5"
     """the id of the environment, with discrete actions (`module.path:EnvId-v0` imports your module first)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
-    norm_adv: bool = True
-    """Toggles advantages normalization"""
 
     # RND arguments
     update_proportion: float = 0.25
@@ -181,14 +181,13 @@ def rnd_input(obs: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
 
 # ============================================================================ curiosity
 class Curiosity:
-    """PPO-RND's additions to PPO's loop (``ppo.train``'s extension): the observation statistics (started by
-    --num-iterations-obs-norm-init rollouts of random actions), the intrinsic rewards, the two advantages, and the loss
-    with the intrinsic value and the predictor's terms. Its statistics are checkpointed with the run."""
+    """PPO-RND's additions to PPO's iteration: the observation statistics (started by --num-iterations-obs-norm-init
+    rollouts of random actions), the intrinsic rewards, the two advantages, and the loss with the intrinsic value and
+    the predictor's terms. Its statistics are checkpointed with the run."""
 
-    needs_next_obs = True  # each step's next observation (an episode's last where it ended): what the curiosity is of
     CHUNK = 4096  # observations a batched pass takes at once (bounds the memory of a 128 x 128 Atari rollout)
 
-    def __init__(self, run, agent: Agent, optimizer: torch.optim.Optimizer, grad_sync, sampler):
+    def __init__(self, run, agent: Agent, sampler):
         self.args, self.dist, self.device, self.agent = run.args, run.dist, run.device, agent
         envs = sampler.envs
         obs_space = envs.single_observation_space
@@ -273,19 +272,89 @@ class Curiosity:
 
         logits, new_ext_values, new_int_values = agent.get_action_logits_and_values(mb["obs"])
         newlogprob, entropy = categorical_logprob_entropy(logits, mb["actions"])
+        logratio = newlogprob - mb["logprobs"]
+        ratio = logratio.exp()
+        with torch.no_grad():
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        mb_advantages = dist.normalize(mb["advantages"]) if args.norm_adv else mb["advantages"]
+
+        # Policy loss: PPO's clipped surrogate
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        # Value loss: the extrinsic value's (clipped, as PPO's) and the intrinsic value's, added before --vf-coef
+        if args.clip_vloss:
+            ext_v_loss_unclipped = (new_ext_values - mb["returns"]) ** 2
+            ext_v_clipped = mb["values"] + torch.clamp(new_ext_values - mb["values"], -args.clip_coef, args.clip_coef)
+            ext_v_loss = 0.5 * torch.max(ext_v_loss_unclipped, (ext_v_clipped - mb["returns"]) ** 2).mean()
+        else:
+            ext_v_loss = 0.5 * ((new_ext_values - mb["returns"]) ** 2).mean()
         int_v_loss = 0.5 * ((new_int_values - mb["int_returns"]) ** 2).mean()
-        loss, stats = ppo.clipped_losses(newlogprob, entropy, new_ext_values, mb, args, dist, more_value_loss=int_v_loss)  # v_loss: both
-        loss = loss + forward_loss
-        stats.update(int_value_loss=int_v_loss.detach(), fwd_loss=forward_loss.detach())
-        return loss, stats
+        v_loss = ext_v_loss + int_v_loss
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef + forward_loss
+        stats = {"value_loss": v_loss, "policy_loss": pg_loss, "entropy": entropy_loss, "old_approx_kl": old_approx_kl,
+                 "approx_kl": approx_kl, "clipfrac": clipfrac, "int_value_loss": int_v_loss, "fwd_loss": forward_loss}
+        return loss, {k: v.detach() for k, v in stats.items()}
 
 
 # ============================================================================ training
 def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
-    """Train PPO-RND, in one process or under torchrun: PPO's loop (fleetrl/algos/ppo.py) with RND's agent and its
-    curiosity, which computes the advantages and adds to the loss."""
-    return ppo.train(args, explicit, algo="ppo_rnd", family_defaults=FAMILY_DEFAULTS, validate=validate, agent_type=Agent,
-                     extension=Curiosity)
+    """Train PPO-RND, in one process or under torchrun: PPO's iteration (fleetrl/algos/ppo.py: its rollout and update)
+    with RND's agent, and its curiosity, which computes the advantages and the loss."""
+    explicit = config.fields_differing_from_default(args) if explicit is None else explicit
+    with Run.start(args, explicit, FAMILY_DEFAULTS, validate, algo="ppo_rnd", lag_worker="sampler thread") as run:
+        args, dist, device, family = run.args, run.dist, run.device, run.family
+        batch_size = args.num_envs * args.num_steps  # global, over all ranks
+        local_minibatch_size = run.local_num_envs * args.num_steps // args.num_minibatches
+        num_iterations = args.total_timesteps // batch_size
+
+        async_batch = local_async_batch(args.async_batch, args.num_envs, run.local_num_envs)  # None, or every env (validate)
+        envs = run.make_envs(async_batch=async_batch, frame_stack=args.frame_stack)
+        obs_shape = envs.single_observation_space.shape
+        agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
+        dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
+        accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
+                             dist, verbose=dist.is_main, saved=run.remembered("accel"), memory_format=args.memory_format)
+        run.remember(accel=accel.state())
+        optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+        grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
+        run.register(model=agent, optimizer=optimizer)
+        obs_norm, reward_norm = onpolicy.normalizers(run, obs_shape)  # (None, None): --normalize is refused
+        log = run.start_logging(envs, num_iterations, batch_size, notes={"precision": f"{accel.label}: {accel.reason}"})
+        # keep_next_obs: each step's next observation (an episode's last where it ended) is what the curiosity is of
+        sampler = onpolicy.sampler(run, envs, agent, log, ppo.rollout, async_batch, obs_norm, reward_norm, keep_next_obs=True)
+        curiosity = Curiosity(run, agent, sampler)  # its statistics, started by random actions (or the resumed run's)
+        loss_fn = accel.compiled(curiosity.loss, agent, dist)  # torch.compile with --compile (eager if it fails)
+        run.restore()  # a resumed run: its model, optimiser, statistics and RNG streams, exactly as they were
+
+        for iteration in run.iterations():
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ---------------------------------------------------------------- rollout
+            buffer = sampler.collect()
+
+            # ---------------------------------------------------------------- advantage: extrinsic and intrinsic, mixed
+            with log.timer.learn:
+                extra = curiosity.advantage(buffer)
+
+            # ---------------------------------------------------------------- update
+            with log.timer.learn:
+                batch = onpolicy.batch(buffer, device, extra)
+                stats = ppo.update(agent, optimizer, grad_sync, batch, loss_fn, args, dist)
+            sampler.weights_updated()  # the acting weights follow the learner: a versioned copy, swapped between rollouts
+
+            # ---------------------------------------------------------------- logging
+            stats["explained_variance"] = onpolicy.explained_variance(buffer, dist)
+            run.end_iteration(iteration, buffer.global_step, buffer.episodes, losses=stats,
+                              charts={"learning_rate": optimizer.param_groups[0]["lr"], "policy_lag": sampler.policy_lag, **curiosity.charts})
+        return run.finish(agent)
 
 
 # ============================================================================ evaluation
