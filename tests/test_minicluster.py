@@ -24,7 +24,7 @@ import pytest
 from fleetrl.processes import pid_alive
 from fleetrl.tools import minicluster, minicluster_host
 
-from conftest import fleetrl_env, require_slurm
+from conftest import fleetrl_env, require_slurm, run_fleetrl_in_process
 
 pytestmark = pytest.mark.slurm
 TMP = Path(tempfile.gettempdir())  # /tmp: anyone can make a folder here first; munged wants its folders searchable by all
@@ -33,6 +33,12 @@ TMP = Path(tempfile.gettempdir())  # /tmp: anyone can make a folder here first; 
 def cli(*args: str, cwd: str | Path | None = None, timeout: float = 120, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     return subprocess.run([*prefix, sys.executable, "-m", "fleetrl", "minicluster", *args], capture_output=True, text=True,
                           timeout=timeout, env=fleetrl_env(), cwd=cwd)
+
+
+def in_process(*args: str, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """``fleetrl minicluster ARGS`` in this process (no process start): for refusals, `status` and `down`, whose code is
+    the same wherever it runs. A successful `up` stays a process of its own, as its daemons outlive it."""
+    return run_fleetrl_in_process("minicluster", *args, cwd=cwd)
 
 
 def refused(proc: subprocess.CompletedProcess, *said: str) -> None:
@@ -69,7 +75,7 @@ def cluster_cleanup(folder: Path, remove: bool = True):
     try:
         yield
     finally:
-        cli("down", "--dir", str(folder))
+        in_process("down", "--dir", str(folder))
         for proc in daemons_naming(folder):
             with contextlib.suppress(psutil.Error):
                 proc.kill()
@@ -177,7 +183,7 @@ def test_up_refuses_a_dir_another_user_owns_or_could_swap_or_that_has_files_and_
         folder, watched = make(tmp)
         before = sorted(os.listdir(watched))
         with cluster_cleanup(folder):
-            up = cli("up", "--nodes", "1", "--dir", str(folder))
+            up = in_process("up", "--nodes", "1", "--dir", str(folder))
             refused(up, said)
             assert sorted(os.listdir(watched)) == before, "nothing written into the folder"
     finally:
@@ -198,7 +204,7 @@ def test_down_removes_only_what_the_cluster_made_in_the_empty_dir_it_was_given_a
                 assert f"down --dir {folder}" in up.stdout
                 if folder == given:
                     (given / "notes.txt").write_text("the user's, put here while the cluster ran\n")
-                down = cli("down", "--dir", str(folder))
+                down = in_process("down", "--dir", str(folder))
                 assert down.returncode == 0, down.stderr
         assert sorted(os.listdir(given)) == ["notes.txt"], "the given folder keeps what the cluster did not make"
         assert not os.path.lexists(made), "the folder the cluster made is gone"
@@ -239,7 +245,7 @@ def test_down_acts_on_nothing_that_a_record_another_user_wrote_names(tmp_path):
             "root": str(victim), "tag": 200, "bridge": "fmcvictim0", "controller": "x", "controller_address": "10.77.200.1", "ctld_port": 1,
             "nodes": [node], "pids": {"munged": process.pid}}))
         give_to_nobody(forged, forged / "cluster.json")
-        down = cli("down", "--dir", str(forged))
+        down = in_process("down", "--dir", str(forged))
         refused(down, "belongs to nobody (uid", "is not root's alone")
         assert process.poll() is None, "the process it names was not signalled"
         assert (victim / "data").read_text() == "precious\n", "the folder it names was not removed"
@@ -267,10 +273,10 @@ def test_an_old_or_edited_cluster_record_is_one_paragraph_and_down_still_stops_t
                      ({**record, "bridge": "fmcdecoy0"}, "the bridge is 'fmcdecoy0', not 'fmc")]
             for edited, said in edits:
                 (folder / "cluster.json").write_text(json.dumps(edited))
-                refused(cli("status", "--dir", str(folder)), said, "is not a record of a cluster this fleetrl started",
+                refused(in_process("status", "--dir", str(folder)), said, "is not a record of a cluster this fleetrl started",
                         f"sudo fleetrl minicluster down --dir {folder}")
             # the last edit stays: down stops the cluster that the registry holds for the folder, by its tag's names
-            down = cli("down", "--dir", str(folder))
+            down = in_process("down", "--dir", str(folder))
             assert down.returncode == 0, down.stderr
             assert link_exists("fmcdecoy0"), "the link the edited record names is not deleted"
             assert not link_exists(minicluster_host.bridge_name(record["tag"])), "the cluster's own bridge is"
