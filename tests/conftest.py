@@ -437,6 +437,15 @@ def postgres_server(address: str = "127.0.0.1", clients: str | None = None):
         assert not left, f"the test's PostgreSQL server outlived pg_ctl stop: {left}"
 
 
+@pytest.fixture(scope="session")
+def postgres_url():
+    """One throwaway PostgreSQL server on a free loopback port (:func:`postgres_server`) for the tests of this session (a
+    start, initdb and pg_ctl, costs seconds): each test that uses it names its own study, so they do not meet there.
+    ``PGPASSFILE`` names its passfile for the rest of the session."""
+    with postgres_server() as url:
+        yield url
+
+
 def dqn_updates_made(total_timesteps: int, learning_starts: int = 1000, train_frequency: int = 10) -> int:
     """CleanRL's dqn.py count, for one env: an update at every ``global_step`` in ``range(total_timesteps)`` that is past
     ``learning_starts`` and a multiple of ``train_frequency``."""

@@ -12,8 +12,10 @@ import pytest
 from conftest import postgres_server, require_module
 
 
-def test_the_throwaway_postgresql_server_refuses_every_connection_without_its_random_password():
+def test_the_throwaway_postgresql_server_refuses_every_connection_without_its_random_password(postgres_url):
     psycopg = require_module("psycopg", "tune")
+    # the session's server (conftest.postgres_url) runs already, its passfile named: a second server beside it
+    sessions = os.environ["PGPASSFILE"]
     with postgres_server(clients="10.99.0.0/24") as url:
         # without the password (no passfile, or a wrong password): refused
         with pytest.raises(psycopg.OperationalError, match="password"):
@@ -22,14 +24,14 @@ def test_the_throwaway_postgresql_server_refuses_every_connection_without_its_ra
             psycopg.connect(url, connect_timeout=30, password="postgres", passfile=os.devnull)
         # with it, from the passfile PGPASSFILE names (never in the URL): in
         passfile = os.environ["PGPASSFILE"]
-        assert stat.S_IMODE(os.stat(passfile).st_mode) == 0o600 and ":" not in url.removeprefix("postgresql://").split("@")[0]
+        assert passfile != sessions and stat.S_IMODE(os.stat(passfile).st_mode) == 0o600
+        assert ":" not in url.removeprefix("postgresql://").split("@")[0]
         with psycopg.connect(url, connect_timeout=30) as conn:
             rules = conn.execute("SELECT type, address, auth_method FROM pg_hba_file_rules").fetchall()
         assert ("host", "10.99.0.0", "scram-sha-256") in rules, rules  # the nodes' subnet, as the Slurm test asks for it
         assert {method for *_, method in rules} == {"scram-sha-256"}, f"a route in without the password: {rules}"
         password = Path(passfile).read_text().strip().rsplit(":", 1)[1]
-        with postgres_server() as other:
-            assert Path(os.environ["PGPASSFILE"]).read_text().strip().rsplit(":", 1)[1] != password, "each server has its own"
-            psycopg.connect(other, connect_timeout=30).close()
-        assert os.environ["PGPASSFILE"] == passfile
+        assert Path(sessions).read_text().strip().rsplit(":", 1)[1] != password, "each server has its own"
     assert not os.path.exists(passfile), "the passfile goes with its server"
+    assert os.environ["PGPASSFILE"] == sessions, "the passfile named before is named again"
+    psycopg.connect(postgres_url, connect_timeout=30).close()  # and lets this process into the session's server

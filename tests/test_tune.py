@@ -26,7 +26,7 @@ from fleetrl.tools.tune.score import EpisodeFollower, run_score, trial_score  # 
 from fleetrl.tools.tune.storage import open_storage, parse_storage  # noqa: E402
 from fleetrl.tools.tune.study import counted  # noqa: E402
 
-from conftest import killed_on_exit, postgres_server, run_fleetrl, start_fleetrl  # noqa: E402
+from conftest import fleetrl_env, killed_on_exit, run_fleetrl_in_process, start_fleetrl  # noqa: E402
 
 # 8 iterations of 2 envs x 128 steps: a trial costs a few seconds, mostly the trainer's start
 TINY = ["fleetrl", "train", "ppo", "--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"]
@@ -35,6 +35,14 @@ learning-rate: {type: float, low: 1.0e-4, high: 3.0e-3, log: true}
 update-epochs: {type: int, low: 2, high: 4}
 anneal-lr: {type: categorical, choices: [true, false]}
 """
+MINIBATCHES = "num-minibatches: {type: categorical, choices: [2, 4, 8]}\n"
+
+
+@pytest.fixture(autouse=True)
+def trials_find_the_test_envs(monkeypatch):
+    """A tuner run in this test's process (run_fleetrl_in_process) starts its trials with this environment: the tests'
+    folder importable (fleetrl_test_envs), as conftest.fleetrl_env gives a tuner process."""
+    monkeypatch.setenv("PYTHONPATH", fleetrl_env()["PYTHONPATH"])
 
 
 def write_space(tmp_path: Path, text: str = SPACE) -> Path:
@@ -64,6 +72,16 @@ def threads_per_run(parallel: int) -> int:
     return max(1, available_cores() // parallel)
 
 
+def assert_trained_with(t, run_dir: str, seed: int, env_id: str = "CartPole-v1") -> None:
+    """The run of trial ``t`` trained with the trial's values (the first parameter too: CleanRL's #533), the command's
+    fixed flags, its seed and env, and the threads the tuner gave it (each of 2 runs at once)."""
+    saved = load_checkpoint(run_dir)["args"]  # what the trainer actually trained with
+    assert saved["learning_rate"] == t.params["learning-rate"] and saved["update_epochs"] == t.params["update-epochs"]
+    assert saved["anneal_lr"] is t.params["anneal-lr"] and saved["num_minibatches"] == t.params["num-minibatches"]
+    assert saved["seed"] == seed and saved["env_id"] == env_id and saved["torch_threads"] == threads_per_run(2)
+    assert saved["total_timesteps"] == 2048 and saved["num_steps"] == 128
+
+
 def trials_csv(out: Path) -> list[dict]:
     with open(out / "trials.csv") as f:
         return list(csv.DictReader(f))
@@ -91,65 +109,56 @@ def trainers_in(folder: Path) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_four_trial_study_with_parallel_two_records_four_trials_and_a_rerun_with_six_adds_two(tmp_path):
+def test_three_trial_study_with_parallel_two_trains_each_with_its_values_and_a_rerun_with_four_adds_one(tmp_path):
+    # the tuner in this process (the trials are processes, as always): a tuner process is only needed for signals
     out, storage = tmp_path / "out", f"sqlite:///{tmp_path / 'tune.db'}"
-    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "4", "--parallel", "2", "--storage", storage, "--out", str(out)), timeout=300)
+    space = write_space(tmp_path, SPACE + MINIBATCHES)
+    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "3", "--parallel", "2", "--storage", storage, "--out", str(out),
+                                             space=space))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     threads = threads_per_run(2)
     assert "2 trials at once here" in proc.stdout and f"with {threads} thread{'s' if threads > 1 else ''}" in proc.stdout
     study = load(storage)
-    assert len(study.trials) == 4 and all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert len(study.trials) == 3 and all(t.state == TrialState.COMPLETE for t in study.trials)
     assert max(t.datetime_start for t in study.trials[:2]) < min(t.datetime_complete for t in study.trials[:2])  # two at once
     for t in study.trials:
         assert len(t.intermediate_values) >= 5 and all(step % 204 == 0 for step in t.intermediate_values)  # aligned steps
         (run_dir,) = t.user_attrs["run_dirs"]
         assert Path(run_dir).is_dir() and Path(run_dir).parent.name == f"trial_{t.number:04d}"
+        assert_trained_with(t, run_dir, seed=1)  # each trial's own values, in its own run
     assert "train with them:" in proc.stdout and "fleetrl train ppo --total-timesteps 2048" in proc.stdout
     assert f"optuna-dashboard {storage}" in proc.stdout
     assert (out / "optimization_history.png").stat().st_size > 0 and (out / "param_importances.png").stat().st_size > 0
-    assert len(trials_csv(out)) == 4
+    assert len(trials_csv(out)) == 3
 
-    again = run_fleetrl(*tune_args(tmp_path, "--trials", "6", "--parallel", "2", "--storage", storage, "--out", str(out)), timeout=300)
+    again = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "4", "--parallel", "2", "--storage", storage, "--out", str(out),
+                                              space=space))
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "has 4 of 6 trials" in again.stdout
+    assert "has 3 of 4 trials" in again.stdout
     study = load(storage)
-    assert [t.number for t in study.trials] == list(range(6)) and all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert [t.number for t in study.trials] == list(range(4)) and all(t.state == TrialState.COMPLETE for t in study.trials)
     rows = trials_csv(out)
-    assert [r["number"] for r in rows] == [str(n) for n in range(6)] and {r["state"] for r in rows} == {"COMPLETE"}
+    assert [r["number"] for r in rows] == [str(n) for n in range(4)] and {r["state"] for r in rows} == {"COMPLETE"}
 
 
 @pytest.mark.slow
-def test_each_tuned_value_reaches_the_trainers_arguments_in_every_seeds_run(tmp_path):
+def test_a_trial_on_two_envs_and_two_seeds_gives_every_run_its_values_and_scores_the_mean_of_the_envs_normalised_returns(tmp_path):
     out = tmp_path / "out"
-    space = write_space(tmp_path, SPACE + "num-minibatches: {type: categorical, choices: [2, 4, 8]}\n")
-    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--num-seeds", "2", "--start-seed", "5", "--out", str(out),
-                                  space=space), timeout=300)
+    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "1", "--parallel", "2", "--num-seeds", "2", "--start-seed", "5",
+                                             "--target-scores", "CartPole-v1=0,500", "CartPole-v0=10,210", "--last-episodes", "5",
+                                             "--out", str(out), space=write_space(tmp_path, SPACE + MINIBATCHES),
+                                             env_ids=("CartPole-v1", "CartPole-v0")))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    study = load(str(out / "study.log"))  # the default storage: a journal file in --out
-    assert len(study.trials) == 2
-    for t in study.trials:
-        assert t.state == TrialState.COMPLETE
-        run_dirs = t.user_attrs["run_dirs"]
-        assert [Path(d).name for d in run_dirs] == ["CartPole-v1__5", "CartPole-v1__6"]
-        for run_dir, seed in zip(run_dirs, (5, 6)):
-            saved = load_checkpoint(run_dir)["args"]  # what the trainer actually trained with
-            assert saved["learning_rate"] == t.params["learning-rate"]  # the first parameter too (CleanRL's #533)
-            assert saved["update_epochs"] == t.params["update-epochs"]
-            assert saved["anneal_lr"] is t.params["anneal-lr"]
-            assert saved["num_minibatches"] == t.params["num-minibatches"]
-            assert saved["seed"] == seed and saved["env_id"] == "CartPole-v1" and saved["torch_threads"] == threads_per_run(2)
-            assert saved["total_timesteps"] == 2048 and saved["num_steps"] == 128  # the command's fixed flags
-
-
-@pytest.mark.slow
-def test_a_trial_on_two_envs_scores_the_mean_of_their_normalised_returns(tmp_path):
-    out = tmp_path / "out"
-    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "1", "--parallel", "2", "--target-scores", "CartPole-v1=0,500", "CartPole-v0=10,210",
-                                  "--last-episodes", "5", "--out", str(out), env_ids=("CartPole-v1", "CartPole-v0")), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (trial,) = load(str(out / "study.log")).trials
-    v1, v0 = ([p.value for p in read_scalars(d, "charts/episodic_return")][-5:] for d in trial.user_attrs["run_dirs"])
-    expected = (sum(v1) / len(v1) / 500 + (sum(v0) / len(v0) - 10) / 200) / 2
+    (trial,) = load(str(out / "study.log")).trials  # the default storage: a journal file in --out
+    assert trial.state == TrialState.COMPLETE
+    run_dirs = trial.user_attrs["run_dirs"]
+    assert [Path(d).name for d in run_dirs] == ["CartPole-v1__5", "CartPole-v1__6", "CartPole-v0__5", "CartPole-v0__6"]
+    for run_dir, (env_id, seed) in zip(run_dirs, [(e, s) for e in ("CartPole-v1", "CartPole-v0") for s in (5, 6)]):
+        assert_trained_with(trial, run_dir, seed, env_id)
+    # each env's last 5 returns normalised by its targets, the envs averaged, then the seeds
+    last = [[p.value for p in read_scalars(d, "charts/episodic_return")][-5:] for d in run_dirs]
+    v1, v0 = [sum(r) / len(r) / 500 for r in last[:2]], [(sum(r) / len(r) - 10) / 200 for r in last[2:]]
+    expected = sum((a + b) / 2 for a, b in zip(v1, v0)) / 2
     assert trial.value == pytest.approx(expected, rel=1e-6)
     assert "best: trial 0, score" in proc.stdout and "(mean return)" not in proc.stdout
     assert "--env-id CartPole-v1" in proc.stdout and "--env-id CartPole-v0" in proc.stdout  # a command for each env
@@ -161,7 +170,7 @@ def test_a_crashing_trial_is_failed_with_its_exit_code_and_log_and_the_study_com
     # a batch of 2 x 128 does not split into 7 minibatches: the trainer refuses it and exits 2
     space = write_space(tmp_path, "num-minibatches: {type: categorical, choices: [4, 7]}\n")
     queue_trials(str(out / "study.log"), {"num-minibatches": 7}, {"num-minibatches": 4})
-    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "2", "--sampler", "random", "--out", str(out), space=space), timeout=300)
+    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "2", "--sampler", "random", "--out", str(out), space=space))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     study = load(str(out / "study.log"))
     (failed,) = [t for t in study.trials if t.params["num-minibatches"] == 7]
@@ -184,9 +193,9 @@ def test_the_median_pruner_stops_a_weak_trial_mid_run(tmp_path):
     # a learning trial (2.5e-3) first, then two that cannot learn (1e-7); prune from the first complete trial on.
     # CartPole with 1 ms of sleep a step: a run lasts seconds on any machine, so the tuner can catch it mid-run
     queue_trials(str(out / "study.log"), {"learning-rate": 2.5e-3}, {"learning-rate": 1.0e-7}, {"learning-rate": 1.0e-7})
-    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "3", "--sampler", "random", "--prune-after-trials", "1",
-                                  "--prune-warmup", "0", "--report-every", "512", "--out", str(out), space=space, command=command,
-                                  env_ids=("fleetrl_test_envs:SlowCartPole-v1",)), timeout=400)
+    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "3", "--sampler", "random", "--prune-after-trials", "1",
+                                             "--prune-warmup", "0", "--report-every", "512", "--out", str(out), space=space,
+                                             command=command, env_ids=("fleetrl_test_envs:SlowCartPole-v1",)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     study = load(str(out / "study.log"))
     assert study.trials[0].state == TrialState.COMPLETE and study.trials[0].params["learning-rate"] == 2.5e-3
@@ -205,32 +214,28 @@ def test_the_median_pruner_stops_a_weak_trial_mid_run(tmp_path):
 
 
 def two_tuners_share_one_study(tmp_path: Path, storage: str) -> None:
-    """Two tuner processes at once on one study of 4 trials: exactly 4, none lost, none run twice."""
+    """Two tuners at once, a process and this test's own, on one study of 3 trials: exactly 3 (a count kept by each tuner
+    would make up to 6), none lost, none run twice."""
     space = write_space(tmp_path)
-    procs = [start_fleetrl(*tune_args(tmp_path, "--trials", "4", "--storage", storage, "--out", str(tmp_path / f"out{i}"), space=space))
-             for i in range(2)]
-    outputs = [p.communicate(timeout=400)[0] for p in procs]
-    for p, output in zip(procs, outputs):
-        assert p.returncode == 0, output
+    other = start_fleetrl(*tune_args(tmp_path, "--trials", "3", "--storage", storage, "--out", str(tmp_path / "out0"), space=space))
+    with killed_on_exit(other):
+        here = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "3", "--storage", storage, "--out", str(tmp_path / "out1"),
+                                                 space=space))
+        outputs = [other.communicate(timeout=400)[0], here.stdout]
+    for code, output in zip((other.returncode, here.returncode), outputs):
+        assert code == 0, output
     study = load(storage)
-    assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
+    assert sorted(t.number for t in study.trials) == [0, 1, 2]
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     run_dirs = [d for t in study.trials for d in t.user_attrs["run_dirs"]]
-    assert len(set(run_dirs)) == 4 and all(Path(d).is_dir() for d in run_dirs)
+    assert len(set(run_dirs)) == 3 and all(Path(d).is_dir() for d in run_dirs)
     started = [output.count(" started: ") for output in outputs]
-    assert sum(started) == 4, outputs
+    assert sum(started) == 3, outputs
 
 
 @pytest.mark.slow
 def test_two_tuners_share_one_sqlite_study_without_losing_or_duplicating_trials(tmp_path):
     two_tuners_share_one_study(tmp_path, f"sqlite:///{tmp_path / 'shared.db'}")
-
-
-@pytest.fixture
-def postgres_url():
-    """A throwaway PostgreSQL server on a free loopback port (conftest.postgres_server), stopped when the test ends."""
-    with postgres_server() as url:
-        yield url
 
 
 @pytest.mark.slow
@@ -261,7 +266,7 @@ def test_sigterm_stops_the_running_trials_records_them_failed_and_a_rerun_runs_t
     assert counted(study.trials) == 0  # an interrupted trial does not use up --trials: its retry will
     assert read_scalars(interrupted.user_attrs["run_dirs"][0], "charts/SPS")[-1].step < 500000
 
-    rerun = run_fleetrl(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--trial-timeout", "2", command=LONG), timeout=120)
+    rerun = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--trial-timeout", "2", command=LONG))
     assert rerun.returncode == 1, rerun.stdout + rerun.stderr  # the retry timed out: no trial completed
     assert "No trial of the study 'test' completed" in rerun.stderr
     study = load(str(out / "study.log"))
@@ -283,8 +288,8 @@ def test_a_killed_tuners_trial_is_failed_as_stale_by_the_next_tuner_and_run_agai
     assert stale.state == TrialState.RUNNING  # what a killed tuner leaves behind
 
     time.sleep(3)  # with the seconds since the trial began, longer than --stale-after 3 below without a heartbeat
-    rerun = run_fleetrl(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--storage", storage, "--stale-after", "3",
-                                   "--trial-timeout", "2", command=LONG), timeout=120)
+    rerun = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--storage", storage, "--stale-after", "3",
+                                              "--trial-timeout", "2", command=LONG))
     assert "Traceback" not in rerun.stderr, rerun.stderr
     study = load(storage)
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL], rerun.stdout  # stale, then the retry's timeout
@@ -452,8 +457,8 @@ def test_a_study_joined_with_another_search_space_is_refused(tmp_path, capsys):
 
 def test_slurm_template_runs_tuner_workers_on_one_shared_study(tmp_path):
     out = tmp_path / "out"
-    proc = run_fleetrl(*tune_args(tmp_path, "--trials", "40", "--parallel", "2", "--sampler-seed", "7", "--out", str(out), "--slurm-template",
-                                  "--slurm-workers", "3", "--slurm-cpus-per-task", "8"), timeout=120)
+    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "40", "--parallel", "2", "--sampler-seed", "7", "--out", str(out),
+                                             "--slurm-template", "--slurm-workers", "3", "--slurm-cpus-per-task", "8"))
     assert proc.returncode == 0, proc.stderr
     script = out / "tune.slurm"
     text = script.read_text()
@@ -465,7 +470,7 @@ def test_slurm_template_runs_tuner_workers_on_one_shared_study(tmp_path):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert f"sbatch {script}" in proc.stdout
 
-    sqlite = run_fleetrl(*tune_args(tmp_path, "--storage", f"sqlite:///{tmp_path}/t.db", "--out", str(out), "--slurm-template"), timeout=120)
+    sqlite = run_fleetrl_in_process(*tune_args(tmp_path, "--storage", f"sqlite:///{tmp_path}/t.db", "--out", str(out), "--slurm-template"))
     assert sqlite.returncode == 2 and "SQLite breaks on a network filesystem" in " ".join(sqlite.stderr.split())
 
 
@@ -486,8 +491,8 @@ def test_storage_forms():
 
 def test_a_storage_url_with_a_password_is_warned_about_and_never_echoed(tmp_path):
     # run here (not on Slurm, which refuses it: tests/test_slurm.py), the password shows in this tuner's command line
-    proc = run_fleetrl(*tune_args(tmp_path, "--out", str(tmp_path / "out"), "--storage", "postgresql://tuner:s3cret@127.0.0.1:1/study"),
-                       timeout=120)
+    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--out", str(tmp_path / "out"), "--storage",
+                                             "postgresql://tuner:s3cret@127.0.0.1:1/study"))
     text = " ".join(proc.stderr.split())
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr  # nothing listens on port 1
     assert "carries a password" in text and "PGPASSWORD" in text and "~/.pgpass" in text, text
