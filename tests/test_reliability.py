@@ -25,12 +25,22 @@ from fleetrl.errors import FleetError
 from fleetrl.sampling.replay import CHECKPOINT_BYTES
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import (assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl, run_fleetrl_in_process,
+from conftest import (assert_same_learner, fleetrl_env, fleetrl_frames, python_in_a_clone_named_fleetrl, run_fleetrl_in_process,
                       start_fleetrl, tmpfs)
 
 STATELESS = ["--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync"]
 SLOW_STATELESS = ["--env-id", "fleetrl_test_envs:SlowStateless-v0", *STATELESS[2:]]  # for a signal that must land mid-run
 BATCH = 4 * 128  # classic control's default batch
+
+
+def in_process(*args: str) -> subprocess.CompletedProcess:
+    """``fleetrl ARGS`` in this process (conftest.run_fleetrl_in_process), this process's torch threads kept: for the runs
+    whose process is not what the test is about (a reference run, a resume, an eval)."""
+    threads = torch.get_num_threads()  # a run sets its process's thread count
+    try:
+        return run_fleetrl_in_process(*args)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def state(step: int) -> dict:
@@ -85,10 +95,10 @@ def test_checkpoints_without_manifests_are_used_unverified_by_eval_and_resume_au
     shutil.copytree(cartpole_run, run_dir)
     for manifest in (run_dir / "checkpoints").glob("*.json"):
         manifest.unlink()  # as written before checkpoints had manifests
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", timeout=120)
+    evaluated = in_process("eval", str(run_dir), "--episodes", "1")
     assert evaluated.returncode == 0 and "has no manifest" in evaluated.stderr, evaluated.stderr[-3000:]
     copied_events = set(run_dir.glob("events.out.tfevents.*"))
-    resumed = run_fleetrl("train", "ppo", "--resume", "auto", "--run-dir", str(run_dir), "--total-timesteps", str(3 * BATCH), timeout=180)
+    resumed = in_process("train", "ppo", "--resume", "auto", "--run-dir", str(run_dir), "--total-timesteps", str(3 * BATCH))
     assert resumed.returncode == 0 and "has no manifest" in resumed.stderr, resumed.stderr[-3000:]
     assert checkpoint.load_checkpoint(run_dir)["global_step"] == 3 * BATCH
     # continued, not afresh (a fresh start would end at 3 * BATCH too): the resumed process logged the third iteration
@@ -103,12 +113,7 @@ def test_a_checkpoints_manifest_names_its_checkpoint_not_its_folders_newest(tmp_
     shutil.copytree(cartpole_run, run_dir)
     (older,) = checkpoint.list_checkpoints(run_dir)
     newer = checkpoint.save_checkpoint({**checkpoint.load_checkpoint(older), "global_step": 2 * 1024}, run_dir, keep=5)
-    threads = torch.get_num_threads()  # eval sets this process's thread count
-    try:
-        evaluated = {path: run_fleetrl_in_process("eval", str(path), "--episodes", "1", "--json")
-                     for path in (checkpoint.manifest_path(older), run_dir)}
-    finally:
-        torch.set_num_threads(threads)
+    evaluated = {path: in_process("eval", str(path), "--episodes", "1", "--json") for path in (checkpoint.manifest_path(older), run_dir)}
     for path, proc in evaluated.items():
         assert proc.returncode == 0 and "torn" not in proc.stderr and "manifest" not in proc.stderr, proc.stderr[-3000:]
     by_manifest, by_folder = (json.loads(evaluated[path].stdout.strip().splitlines()[-1]) for path in evaluated)
@@ -292,14 +297,22 @@ def test_fleetrl_frames_are_found_by_the_packages_location_not_by_a_folder_named
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, nproc):
     iterations = 40
-    train = ["train", "ppo", *STATELESS, "--num-envs", "4", "--total-timesteps", str(iterations * BATCH), "--checkpoint-every", "4"]
+    # fp32 and one thread, not measured and planned: the runs in this process and in their own decide alike
+    train = ["train", "ppo", *STATELESS, "--num-envs", "4", "--total-timesteps", str(iterations * BATCH), "--checkpoint-every", "4",
+             "--precision", "fp32", "--torch-threads", "1"]
     # launched as from a clone in a folder named fleetrl, where torchrun's own frames lie under .../fleetrl/.venv
     python = python_in_a_clone_named_fleetrl(tmp_path)
     launcher = torchrun_cmd(nproc, python) if nproc > 1 else [python, "-m", "fleetrl"]
 
-    whole = subprocess.run([*launcher, *train, "--run-dir", str(tmp_path / "whole")], capture_output=True, text=True,
-                           env=fleetrl_env(), timeout=300)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    def run(*extra: str) -> None:
+        """A run that is not stopped: with one process it runs in this one (only the stopped run's process is under test)."""
+        if nproc == 1:
+            done = in_process(*train, *extra)
+        else:
+            done = subprocess.run([*launcher, *train, *extra], capture_output=True, text=True, env=fleetrl_env(), timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    run("--run-dir", str(tmp_path / "whole"))
 
     stopped_dir = tmp_path / "stopped"
     proc = subprocess.Popen([*launcher, *train, "--run-dir", str(stopped_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -321,9 +334,7 @@ def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_a
     assert 4 * BATCH <= stopped_at["global_step"] < iterations * BATCH
     assert len(stopped_at["ranks"]) == nproc, "every rank's RNG streams are saved"
 
-    resumed = subprocess.run([*launcher, *train, "--resume", "auto", "--run-dir", str(stopped_dir)], capture_output=True, text=True,
-                             env=fleetrl_env(), timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run("--resume", "auto", "--run-dir", str(stopped_dir))
     assert_same_learner(final_state(tmp_path / "whole"), final_state(stopped_dir))
     steps = [p.step for p in read_scalars(stopped_dir, "charts/learning_rate")]
     assert steps == [BATCH * i for i in range(1, iterations + 1)], "every iteration logged exactly once"
@@ -368,10 +379,11 @@ def test_sigterm_to_the_whole_process_group_of_an_async_run_checkpoints_without_
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_at_most_the_work_since_the_last_checkpoint(tmp_path):
-    run_dir, iterations = tmp_path / "run", 60
+    run_dir, iterations = tmp_path / "run", 30
     # each step sleeps 1 ms, so an iteration takes at least half a second however fast the host: a life is killed a
     # few iterations after its first new checkpoint, long before the end (plain CartPole's 20k SPS ran a resumed run to
-    # its end between two polls)
+    # its end between two polls): a life trains at most ~4 iterations (one to its new checkpoint, then up to 1.1 s), so
+    # the four end by iteration ~16 and the last run resumes with over 10 left
     train = ["train", "ppo", "--env-id", "fleetrl_test_envs:SlowCartPole-v1", "--env-backend", "sync", "--no-cuda",
              "--total-timesteps", str(iterations * BATCH), "--checkpoint-every", "1", "--keep-checkpoints", "2", "--resume", "auto",
              "--run-dir", str(run_dir)]
@@ -391,7 +403,7 @@ def test_sigkill_at_random_moments_loses_at_most_the_work_since_the_last_checkpo
             proc.stdout.close()
         latest = checkpoint.load_checkpoint(run_dir)  # the newest that verifies
         assert latest["global_step"] > before, "each life made progress that survived the kill"
-    finished = run_fleetrl(*train, timeout=600)
+    finished = in_process(*train)  # the last run, not killed: in this process
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert kills == 4 and checkpoint.load_checkpoint(run_dir)["global_step"] == iterations * BATCH
     steps = [p.step for p in read_scalars(run_dir, "charts/learning_rate")]
@@ -403,14 +415,14 @@ def test_sigkill_at_random_moments_loses_at_most_the_work_since_the_last_checkpo
 def test_ppo_goes_on_through_env_worker_crashes_counts_them_and_stops_after_the_limit(tmp_path):
     flaky = ["train", "ppo", "--env-id", "fleetrl_test_envs:FlakyTrain-v0", "--env-backend", "async", "--no-cuda",
              "--num-envs", "4", "--total-timesteps", str(8 * BATCH)]
-    proc = run_fleetrl(*flaky, "--run-dir", str(tmp_path / "ok"), timeout=300)
+    proc = in_process(*flaky, "--run-dir", str(tmp_path / "ok"))  # the env workers are processes; the trainer is this one
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("restarting env worker") >= 2 and "FlakyEnv was told to fail" in proc.stderr
     restarts = read_scalars(tmp_path / "ok", "resources/env_worker_restarts")
     assert restarts and restarts[-1].value == proc.stderr.count("restarting env worker"), "every restart is counted in the logs"
     assert checkpoint.load_checkpoint(tmp_path / "ok")["global_step"] == 8 * BATCH
 
-    limited = run_fleetrl(*flaky, "--max-env-restarts", "1", "--run-dir", str(tmp_path / "limited"), timeout=300)
+    limited = in_process(*flaky, "--max-env-restarts", "1", "--run-dir", str(tmp_path / "limited"))
     assert limited.returncode != 0 and "--max-env-restarts" in limited.stderr and "FlakyEnv was told to fail" in limited.stderr
     assert not fleetrl_frames(limited.stderr, "algos"), "no trainer traceback: only the env's own, inside the message"
 
@@ -431,8 +443,8 @@ def roomy_disk(tmp_path):
 @pytest.mark.slow
 def test_a_full_disk_is_reported_retried_then_stops_naming_the_last_good_checkpoint(small_disk):
     run_dir = small_disk / "run"
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--total-timesteps", str(200 * BATCH),
-                       "--checkpoint-every", "2", "--keep-checkpoints", "3", "--run-dir", str(run_dir), timeout=300)
+    proc = in_process("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--total-timesteps", str(200 * BATCH),
+                      "--checkpoint-every", "2", "--keep-checkpoints", "3", "--run-dir", str(run_dir))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.count("the next checkpoint tries again") == 2, proc.stderr[-3000:]
@@ -466,7 +478,7 @@ def test_a_disk_filled_mid_run_stops_logging_with_one_paragraph_no_thread_traceb
     assert "Traceback" not in output, output[-3000:]
     assert output.count("TensorBoard logging stopped") == 1 and "No space left on device" in output, output[-3000:]
     assert "failed checkpoint writes in a row" in output, "the checkpoints' own retries end the run"
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "2", timeout=120)
+    evaluated = in_process("eval", str(run_dir), "--episodes", "2")
     assert evaluated.returncode == 0 and "Traceback" not in evaluated.stderr, evaluated.stderr[-3000:]
 
 
