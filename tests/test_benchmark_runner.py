@@ -15,7 +15,7 @@ from fleetrl.errors import FleetError
 from fleetrl.tools.benchmark import Run, check_command, run_command
 from fleetrl.tools.runs import split_command
 
-from conftest import killed_on_exit, run_fleetrl, start_fleetrl, run_fleetrl_in_process
+from conftest import killed_on_exit, run_fleetrl_in_process, start_fleetrl
 
 TINY_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "1024"]
 # a command that only prints the arguments the runner appended, so the grid costs no training
@@ -91,7 +91,7 @@ def summary_rows(out):
 def test_failed_run_is_reported_with_exit_code_and_log_tail_and_the_others_finish_then_a_rerun_skips_them(tmp_path):
     out = tmp_path / "bench"
     args = ["benchmark", "--env-ids", "CartPole-v1", "NoSuchEnv-v9", "--num-seeds", "1", "--workers", "2", "--out", str(out), "--", *TINY_TRAIN]
-    proc = run_fleetrl(*args, timeout=300)
+    proc = run_fleetrl_in_process(*args)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
     assert "Traceback" not in proc.stderr
@@ -111,7 +111,7 @@ def test_failed_run_is_reported_with_exit_code_and_log_tail_and_the_others_finis
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "CartPole-v1__1"))
 
     log_stat = log.stat()
-    rerun = run_fleetrl(*args, timeout=300)
+    rerun = run_fleetrl_in_process(*args)
     assert rerun.returncode != 0  # the bad env fails again
     assert "skipped CartPole-v1 seed 1" in rerun.stdout
     assert log.stat().st_mtime_ns == log_stat.st_mtime_ns and log.stat().st_size == log_stat.st_size
@@ -121,7 +121,7 @@ def test_failed_run_is_reported_with_exit_code_and_log_tail_and_the_others_finis
 def test_slurm_template_maps_array_tasks_to_env_ids_and_seeds_and_its_runs_count_as_finished(tmp_path):
     out = tmp_path / "bench"
     flags = ["--env-ids", "CartPole-v1", "ALE/Pong-v5", "--num-seeds", "3", "--start-seed", "4", "--out", str(out)]
-    proc = run_fleetrl("benchmark", *flags, "--slurm-template", "--", *ECHO, timeout=60)
+    proc = run_fleetrl_in_process("benchmark", *flags, "--slurm-template", "--", *ECHO)
     assert proc.returncode == 0, proc.stderr
     script = out / "benchmark.slurm"
     assert str(script) in proc.stdout
@@ -141,7 +141,7 @@ def test_slurm_template_maps_array_tasks_to_env_ids_and_seeds_and_its_runs_count
     assert status["ok"] is True and status["seed"] == 5 and status["command"] == ECHO
 
     # the local runner reads the status the array task wrote, and runs only the other five
-    local = run_fleetrl("benchmark", *flags, "--workers", "2", "--", *ECHO, timeout=120)
+    local = run_fleetrl_in_process("benchmark", *flags, "--workers", "2", "--", *ECHO)
     assert local.returncode == 0, local.stdout + local.stderr
     assert "skipped ALE/Pong-v5 seed 5" in local.stdout and "5 to run" in local.stdout
     assert (out / "logs" / "CartPole-v1__6.log").read_text().count("ARGS --env-id CartPole-v1 --seed 6") == 1
@@ -151,7 +151,7 @@ def test_slurm_template_maps_array_tasks_to_env_ids_and_seeds_and_its_runs_count
 
 def test_a_command_that_cannot_start_is_a_failed_run_not_a_crash(tmp_path):
     out = tmp_path / "bench"
-    proc = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--out", str(out), "--", "no-such-program-xyz", timeout=60)
+    proc = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--out", str(out), "--", "no-such-program-xyz")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.count("exit code 127") >= 2
     assert "could not start the command" in proc.stdout
@@ -173,9 +173,9 @@ def test_bad_benchmark_input_is_a_clear_error(tmp_path):
 
 def test_a_different_command_in_the_same_out_folder_is_refused(tmp_path):
     out = tmp_path / "bench"
-    first = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--", *ECHO, timeout=60)
+    first = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--", *ECHO)
     assert first.returncode == 0, first.stderr
-    other = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--", *ECHO, "extra", timeout=60)
+    other = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "1", "--out", str(out), "--", *ECHO, "extra")
     assert other.returncode == 2 and "of another command" in other.stderr and "Use a new --out" in other.stderr
 
 
@@ -212,7 +212,7 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     out, iterations, env_id = tmp_path / "bench", 12, "fleetrl_test_envs:SlowCartPole-v1"
     train = ["fleetrl", "train", "ppo", "--total-timesteps", str(iterations * 512), "--env-backend", "sync",
              "--checkpoint-every", "1000", "--no-cuda"]
-    made = run_fleetrl("benchmark", "--env-ids", env_id, "--num-seeds", "1", "--out", str(out), "--slurm-template", "--", *train)
+    made = run_fleetrl_in_process("benchmark", "--env-ids", env_id, "--num-seeds", "1", "--out", str(out), "--slurm-template", "--", *train)
     assert made.returncode == 0, made.stderr
     script = out / "benchmark.slurm"
     assert "#SBATCH --requeue" in script.read_text() and "#SBATCH --signal=B:USR1@" in script.read_text()
@@ -258,7 +258,7 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
 def test_summary_gives_each_env_and_all_envs_iqm_median_mean_and_optimality_gap_with_intervals(tmp_path):
     out = tmp_path / "bench"
     flags = ["--env-ids", "CartPole-v1", "Acrobot-v1", "--num-seeds", "4", "--workers", "2", "--out", str(out)]
-    proc = run_fleetrl("benchmark", *flags, "--score-bounds", "CartPole-v1=0,500", "Acrobot-v1=0,1000", "--", *LOG_RETURNS, timeout=180)
+    proc = run_fleetrl_in_process("benchmark", *flags, "--score-bounds", "CartPole-v1=0,500", "Acrobot-v1=0,1000", "--", *LOG_RETURNS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # returns 100, 200, 300, 400: the IQM cuts one run at each end, (200 + 300) / 2 = 250, which is 0.5 of 0..500
     assert "| CartPole-v1 | min-max (0, 500) | 4 | 0.500 [" in proc.stdout
@@ -281,7 +281,7 @@ def test_bad_normalisation_is_refused_before_any_run_starts(tmp_path):
 @pytest.mark.slow
 def test_a_tiny_real_benchmark_prints_the_interval_summary(tmp_path):
     out = tmp_path / "bench"
-    proc = run_fleetrl("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *TINY_TRAIN, timeout=300)
+    proc = run_fleetrl_in_process("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *TINY_TRAIN)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| CartPole-v1 | return | 2 |" in proc.stdout and "IQM [95% CI]" in proc.stdout
     assert (out / "intervals.csv").exists()

@@ -6,7 +6,7 @@ import json
 import sys
 import types
 
-from conftest import run_fleetrl
+from conftest import run_fleetrl, run_fleetrl_in_process
 from fleetrl.tools import preflight
 
 
@@ -33,7 +33,7 @@ def test_json_report_on_a_cpu_machine_is_a_note_and_exit_0():
 
 
 def test_unknown_env_id_fails_cleanly_with_exit_1():
-    proc = run_fleetrl("preflight", "--env-id", "CartPol-v1", timeout=60)
+    proc = run_fleetrl_in_process("preflight", "--env-id", "CartPol-v1")  # the command's own process: the test above
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "FAIL throughput" in proc.stdout and "Unknown --env-id 'CartPol-v1'" in proc.stdout and "CartPole-v1" in proc.stdout
