@@ -100,18 +100,17 @@ def test_greedy_acting_takes_the_best_expected_return_and_epsilon_greedy_explore
 
 # ------------------------------------------------------------------------------------------ CleanRL's loop, step for step
 def test_fleetrls_loop_and_cleanrls_c51_take_the_same_actions_updates_target_copies_and_losses_bit_for_bit(monkeypatch):
-    # benchmarks/c51_vs_cleanrl.py --lockstep, short: CleanRL's c51.py loop given fleetrl's exploration draws, fused Adam and
-    # true final observation at a termination (see plain_c51: C51's projection sums the next distribution even when the
+    # benchmarks/vs_cleanrl.py c51 --lockstep, short: CleanRL's c51.py loop given fleetrl's exploration draws, fused Adam and
+    # true final observation at a termination (see cleanrl/loops/c51.py: C51's projection sums the next distribution even when the
     # bootstrap is zeroed, so CleanRL's reset observation there changes the target's last bits) acts, updates, copies the
     # target and computes each loss exactly as fleetrl's does, and both end with the same weights
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import c51_vs_cleanrl
-    import plain_offpolicy
+    from versus import c51 as lockstep
 
     steps, starts = 3_000, 1_000
-    ours = c51_vs_cleanrl.fleetrl_trace(seed=3, steps=steps, learning_starts=starts)
-    theirs = plain_offpolicy.Trace()
-    c51_vs_cleanrl.plain_c51("CartPole-v1", steps, starts, seed=3, numpy_draws=True, fused_adam=True, final_obs=True, trace=theirs)
+    ours = lockstep.fleetrl_trace(seed=3, steps=steps, learning_starts=starts)
+    theirs = lockstep.Trace()
+    lockstep.plain_c51("CartPole-v1", steps, starts, seed=3, numpy_draws=True, fused_adam=True, final_obs=True, trace=theirs)
     assert len(ours.actions) == steps and ours.actions == theirs.actions
     assert ours.update_steps == theirs.update_steps == [g for g in range(steps) if g > starts and g % 10 == 0]
     assert ours.target_steps == theirs.target_steps == [g for g in range(steps) if g > starts and g % 500 == 0]

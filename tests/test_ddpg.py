@@ -1,7 +1,7 @@
 """DDPG: CleanRL's ddpg_continuous_action.py loop step for step (lockstep), and the soft target update as CleanRL
-writes it. Discrete actions refused and kill -9 resume are test_sac_td3.py's, an exact resume test_exact_resume.py's,
-torchrun replicas test_every_algorithm.py's; learning and eval on InvertedPendulum are test_learning.py's; the copy
-template, test_user_algos.py's."""
+writes it. Discrete actions refused are test_sac_td3.py's, an exact resume and one that refills the buffer
+test_exact_resume.py's, torchrun replicas test_every_algorithm.py's; learning and eval on InvertedPendulum are
+test_learning.py's; the copy template, test_user_algos.py's."""
 
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lockstep_with_cleanrls_ddpg_loop_actions_updates_losses_and_weights_bit_for_bit():
-    # benchmarks/ddpg_vs_cleanrl.py --lockstep, short: CleanRL's loop given fleetrl's three differences (numpy warm-up
+    # benchmarks/vs_cleanrl.py ddpg --lockstep, short: CleanRL's loop given fleetrl's three differences (numpy warm-up
     # draws, copied target networks, fused Adam). It found three more, all fixed in fleetrl: updates started one step
     # early and the actor updated on the odd steps (the loop counted the step being taken); the soft update was lerp_,
     # which rounds otherwise than CleanRL's tau * p + (1 - tau) * t; and the exploration noise was randn * scale * 0.1,
     # where CleanRL's torch.normal(0, scale * 0.1) is randn * (scale * 0.1).
-    import ddpg_vs_cleanrl
+    from versus import ddpg as lockstep
 
     opts = SimpleNamespace(env_id="InvertedPendulum-v5", steps=1500, learning_starts=500, seed=3)
-    verdicts = ddpg_vs_cleanrl.lockstep(opts)
+    verdicts = lockstep.lockstep(opts)
     assert all(v.startswith("identical") for v in verdicts.values()), verdicts
     assert verdicts["update_steps"] == "identical (1,498)" and verdicts["target_steps"] == "identical (499)", verdicts
 

@@ -306,17 +306,16 @@ def test_a_resume_under_another_world_size_refills_the_buffer_and_says_so(tmp_pa
 
 @pytest.mark.slow
 def test_fleetrls_loop_and_cleanrls_take_the_same_actions_updates_and_losses_bit_for_bit(monkeypatch):
-    # issue 22: the step-for-step comparison of benchmarks/dqn_vs_cleanrl.py --lockstep, short. Given fleetrl's
+    # issue 22: the step-for-step comparison of benchmarks/vs_cleanrl.py dqn --lockstep, short. Given fleetrl's
     # exploration draws and fused Adam, CleanRL's dqn.py loop must act, update, copy the target and compute each loss
     # exactly as fleetrl's does (500k steps on seed 3 stayed identical for 297,476 actions, then float rounding parted them)
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import dqn_vs_cleanrl
-    import plain_offpolicy
+    from versus import dqn as lockstep
 
     steps, starts = 4_000, 1_000
-    ours = dqn_vs_cleanrl.fleetrl_trace(seed=3, steps=steps, learning_starts=starts)
-    theirs = plain_offpolicy.Trace()
-    plain_offpolicy.plain_dqn("CartPole-v1", steps, starts, seed=3, numpy_draws=True, fused_adam=True, trace=theirs)
+    ours = lockstep.fleetrl_trace(seed=3, steps=steps, learning_starts=starts)
+    theirs = lockstep.Trace()
+    lockstep.plain_dqn("CartPole-v1", steps, starts, seed=3, numpy_draws=True, fused_adam=True, trace=theirs)
     assert len(ours.actions) == steps and ours.actions == theirs.actions
     assert ours.update_steps == theirs.update_steps == [g for g in range(steps) if g > starts and g % 10 == 0]
     assert ours.target_steps == theirs.target_steps == [g for g in range(steps) if g > starts and g % 500 == 0]

@@ -41,15 +41,15 @@ def require_procgen() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_lockstep_with_cleanrls_ppg_update_code_identical_given_fleetrls_rounding_and_close_without():
-    # benchmarks/ppg_vs_cleanrl.py --lockstep: 2 phases of 2 iterations on StarpilotEasy-v0, the policy phase's 8
+    # benchmarks/vs_cleanrl.py ppg --lockstep: 2 phases of 2 iterations on StarpilotEasy-v0, the policy phase's 8
     # minibatch steps and the auxiliary phases' 16. Given fleetrl's rounding of two quantities (the whole-batch advantage
     # normalisation in float64, the log-probabilities without torch.distributions) CleanRL's code gives the same bits;
     # rounding its own way it parts by 2e-4 (relative, losses) and 1e-3 (absolute, weights: Adam's steps are lr-sized
     # whatever the gradient, so a near-zero gradient that rounds to the other sign moves its weight by 2 lr)
     require_procgen()
-    import ppg_vs_cleanrl
+    from versus import ppg as lockstep
 
-    verdicts = ppg_vs_cleanrl.lockstep(SimpleNamespace(env_id="StarpilotEasy-v0", seed=1))
+    verdicts = lockstep.lockstep(SimpleNamespace(env_id="StarpilotEasy-v0", seed=1))
     exact = {name: v for name, v in verdicts.items() if "CleanRL's rounding" not in name}
     assert all(v.startswith("identical") for v in exact.values()), verdicts
     assert exact["policy-phase losses"] == "identical (8)" and exact["auxiliary losses"] == "identical (16)", verdicts

@@ -35,16 +35,16 @@ RND_TINY = ["train", "ppo_rnd", "--env-id", "fleetrl_test_envs:SlowStateless-v0"
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_lockstep_with_cleanrls_start_acting_and_update_code_identical_given_fleetrls_rounding():
-    # benchmarks/ppo_rnd_vs_cleanrl.py --lockstep: 3 iterations of 4 Breakout envs x 32 steps, 2 epochs of 2 minibatches,
+    # benchmarks/vs_cleanrl.py ppo_rnd --lockstep: 3 iterations of 4 Breakout envs x 32 steps, 2 epochs of 2 minibatches,
     # after a random-action start of one rollout.
     # Given fused Adam and fleetrl's rounding of the log-probabilities and the advantages' normalisation, CleanRL's loss
     # and step give the same bits; rounding its own way it parts by 1e-6 (relative, losses). The advantages differ in
     # the last bits (2.6e-7 relative): fleetrl's GAE carries the next value in float64 (ppo.gae, which also bootstraps
     # at time limits) and scales the intrinsic rewards in float64
     require_module("ale_py", "ale-py")
-    import ppo_rnd_vs_cleanrl
+    from versus import ppo_rnd as lockstep
 
-    verdicts = ppo_rnd_vs_cleanrl.lockstep(SimpleNamespace(env_id="BreakoutNoFrameskip-v4", seed=1))
+    verdicts = lockstep.lockstep(SimpleNamespace(env_id="BreakoutNoFrameskip-v4", seed=1))
 
     def within(name: str, bound: float) -> None:
         verdict = verdicts[name]

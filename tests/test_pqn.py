@@ -40,13 +40,13 @@ def assert_clean_failure(proc, *needles):
 
 # ------------------------------------------------------------------------------------------ CleanRL, step for step
 def test_fleetrls_loop_and_cleanrls_take_the_same_actions_returns_and_losses_bit_for_bit(monkeypatch):
-    # benchmarks/pqn_vs_cleanrl.py --lockstep, short: CleanRL's pqn.py loop given fleetrl's exploration draws and
+    # benchmarks/vs_cleanrl.py pqn --lockstep, short: CleanRL's pqn.py loop given fleetrl's exploration draws and
     # minibatch order acts, computes its Q(lambda) returns and each loss exactly as fleetrl does (40,960 steps on seed 3
     # stayed identical; docs/algorithms.md)
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import pqn_vs_cleanrl
+    from versus import pqn as lockstep
 
-    ours, theirs = pqn_vs_cleanrl.lockstep(seed=1, steps=4096)
+    ours, theirs = lockstep.traces(seed=1, steps=4096)
     assert len(ours.actions) == len(theirs.actions) == 4096 // 4
     assert ours.actions == theirs.actions
     assert len(ours.returns) == len(theirs.returns) == 8

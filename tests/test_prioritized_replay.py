@@ -20,13 +20,13 @@ ACTIONS = gym.spaces.Discrete(4)
 
 @pytest.fixture
 def cleanrl(monkeypatch):
-    """CleanRL's rainbow_atari.py classes, verbatim (benchmarks/cleanrl_per.py)."""
+    """CleanRL's rainbow_atari.py, its classes verbatim (benchmarks/cleanrl/rainbow_atari.py)."""
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import cleanrl_per
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "cleanrl"))
+    import rainbow_atari
 
-    return cleanrl_per
+    return rainbow_atari
 
 
 # ------------------------------------------------------------------------------------------------ the sum tree

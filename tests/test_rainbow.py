@@ -23,13 +23,11 @@ SHORT = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-
 
 @pytest.fixture(scope="module")
 def cleanrl_rainbow():
-    """CleanRL's rainbow_atari.py network classes, verbatim (benchmarks/cleanrl_rainbow.py)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import cleanrl_rainbow
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return cleanrl_rainbow
+    """CleanRL's rainbow_atari.py, its classes verbatim (benchmarks/cleanrl/rainbow_atari.py)."""
+    sys.path.insert(0, str(BENCHMARKS / "cleanrl"))
+    import rainbow_atari
+
+    return rainbow_atari
 
 
 # ------------------------------------------------------------------------------------------ the network
@@ -78,16 +76,16 @@ def test_noisy_layers_act_through_their_noise_in_training_and_through_the_mean_i
 
 # ------------------------------------------------------------------------------------------ CleanRL's loop, step for step
 def test_fleetrls_loop_and_cleanrls_rainbow_take_the_same_actions_samples_priorities_and_losses_bit_for_bit(monkeypatch):
-    # benchmarks/rainbow_vs_cleanrl.py --lockstep, short: CleanRL's rainbow_atari.py loop (its classes verbatim, an MLP
+    # benchmarks/vs_cleanrl.py rainbow --lockstep, short: CleanRL's rainbow_atari.py loop (its classes verbatim, an MLP
     # trunk for the CNN, float32 observations in its buffer, fused Adam) on an env whose episodes never end
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import rainbow_vs_cleanrl as lockstep
+    from versus import rainbow as lockstep
 
     steps, starts = 1_600, 300
     ours = lockstep.fleetrl_trace(seed=3, steps=steps, learning_starts=starts)
     theirs = lockstep.Trace()
     lockstep.plain_rainbow("EndlessWalk-v0", steps, starts, seed=3, trace=theirs)
-    verdict = lockstep.compare(ours, theirs)
+    verdict = lockstep.compare_traces(ours, theirs)
     assert all(v.startswith("identical") for v in verdict.values()), verdict
     assert ours.update_steps == [g for g in range(steps) if g > starts and g % 10 == 0]
     assert ours.target_steps == [500, 1000, 1500]

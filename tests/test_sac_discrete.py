@@ -30,13 +30,13 @@ OPTIMIZERS = ("q_optimizer", "actor_optimizer", "a_optimizer")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lockstep_with_cleanrls_sac_atari_loop_actions_updates_losses_and_weights_bit_for_bit():
-    # benchmarks/sac_discrete_vs_cleanrl.py --lockstep, short: CleanRL's loop (its networks with the MLP its ported file
+    # benchmarks/vs_cleanrl.py sac_discrete --lockstep, short: CleanRL's loop (its networks with the MLP its ported file
     # gives vector observations) given fleetrl's three differences: numpy warm-up draws, copied targets, fused Adam.
     # Every 4th step from 501 updates the critics, the actor and alpha (3 losses each); a target copy at steps 1000 and 1500
-    import sac_discrete_vs_cleanrl
+    from versus import sac_discrete as lockstep
 
     opts = SimpleNamespace(env_id="CartPole-v1", steps=2000, learning_starts=500, seed=2)
-    verdicts = sac_discrete_vs_cleanrl.lockstep(opts)
+    verdicts = lockstep.lockstep(opts)
     assert all(v.startswith("identical") for v in verdicts.values()), verdicts
     assert verdicts["update_steps"] == f"identical ({3 * 374:,})" and verdicts["target_steps"] == "identical (2)", verdicts
 

@@ -1,7 +1,7 @@
 # CleanRL's cleanrl/ppg_procgen.py at commit fe8d8a0 (MIT licence, benchmarks/cleanrl/upstream/LICENSE), with the changes
 # marked "fleetrl:" only: EnvPool's Procgen (its ids, frames channels first) in place of the procgen package (gym 0.21,
 # numpy < 2: it does not install here), with the episode statistics and gym's NormalizeReward and reward clipping as a
-# numpy wrapper (ProcgenVector), and CLEANRL_RUN_DIR naming the TensorBoard folder. Run by benchmarks/ppg_vs_cleanrl.py.
+# numpy wrapper (ProcgenVector), and CLEANRL_RUN_DIR naming the TensorBoard folder. Run by benchmarks/vs_cleanrl.py.
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/ppg/#ppg_procgenpy
 import os
 import random

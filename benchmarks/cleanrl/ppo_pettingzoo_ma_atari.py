@@ -3,7 +3,7 @@
 # SuperSuit 3.11's concat_vec_envs_v1 with base_class="gymnasium" (it refuses "gym"), so reset returns (obs, infos) and
 # step (obs, rewards, terminations, truncations, infos); each player's episode counted in the loop (gym's
 # RecordEpisodeStatistics took the old vector API); the ROMs that ale-py ships; distutils' strtobool (gone in Python 3.12)
-# inlined; --no-cuda; CLEANRL_RUN_DIR naming the TensorBoard folder. benchmarks/multiagent_vs_cleanrl.py runs it against fleetrl.
+# inlined; --no-cuda; CLEANRL_RUN_DIR naming the TensorBoard folder. benchmarks/vs_cleanrl.py runs it against fleetrl.
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/ppo/#ppo_pettingzoo_ma_ataripy
 import argparse
 import importlib

@@ -1,7 +1,7 @@
 # CleanRL's cleanrl/ppo_rnd_envpool.py at commit fe8d8a0 (MIT licence, benchmarks/cleanrl/upstream/LICENSE), with the changes
 # marked "fleetrl:" only: gymnasium in place of gym (not installed here), so EnvPool's gymnasium API seen through a
 # wrapper as the gym API this script was written for (OldGymApi), and CLEANRL_RUN_DIR naming the TensorBoard folder.
-# Its networks and update code are what tests/test_ppo_rnd.py holds fleetrl's to; benchmarks/ppo_rnd_vs_cleanrl.py runs it.
+# Its networks and update code are what tests/test_ppo_rnd.py holds fleetrl's to; benchmarks/vs_cleanrl.py runs it.
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/ppo-rnd/#ppo_rnd_envpoolpy
 import os
 import random

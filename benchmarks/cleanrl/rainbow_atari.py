@@ -1,7 +1,7 @@
 # CleanRL's cleanrl/rainbow_atari.py at commit fe8d8a0 (MIT licence, benchmarks/cleanrl/upstream/LICENSE), with the changes
 # marked "fleetrl:" only: gymnasium 1.x (ale-py's ids registered, wrapper names, same-step autoreset, final_obs, the
 # final_info dict), numpy 2 (one env's row into the buffer's scalar slots), cleanrl_utils from benchmarks/cleanrl/upstream,
-# and CLEANRL_RUN_DIR naming the TensorBoard folder. Run by benchmarks/rainbow_vs_cleanrl.py --atari.
+# and CLEANRL_RUN_DIR naming the TensorBoard folder. Run by benchmarks/vs_cleanrl.py.
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/rainbow/#rainbow_ataripy
 import collections
 import math

@@ -1,5 +1,5 @@
 # CleanRL's rpo_continuous_action.py, copied from github.com/vwxyzjn/cleanrl at commit fe8d8a03c41a7ef5b523e2e354bd01c363e786bb
-# (cleanrl/rpo_continuous_action.py), for benchmarks/rpo_vs_cleanrl.py. Changed only where gymnasium 1.x requires it, each
+# (cleanrl/rpo_continuous_action.py), for benchmarks/vs_cleanrl.py. Changed only where gymnasium 1.x requires it, each
 # line marked "# gymnasium 1.x:":
 #   1. TransformObservation takes the observation space as its third argument (1.x has no default for it);
 #   2. SyncVectorEnv is made with autoreset_mode=SAME_STEP, the autoreset that CleanRL's loop was written for (gymnasium

@@ -1,8 +1,8 @@
 # CleanRL's cleanrl/sac_atari.py at commit fe8d8a0 (MIT licence, benchmarks/cleanrl/upstream/LICENSE), with the changes
 # marked "fleetrl:" only: gymnasium 1.x (ale-py's ids registered, wrapper names, same-step autoreset, final_obs, the
-# final_info dict), cleanrl_utils from benchmarks/cleanrl/upstream, SB3's buffer from benchmarks/plain_offpolicy.py,
+# final_info dict), cleanrl_utils from benchmarks/cleanrl/upstream, SB3's buffer from benchmarks/cleanrl/loops/offpolicy.py,
 # CLEANRL_RUN_DIR naming the TensorBoard folder, and classic control: vector observations get the same networks with
-# an MLP (120-84 ReLU, Kaiming-initialised, unscaled input) in place of the CNN. Run by benchmarks/sac_discrete_vs_cleanrl.py.
+# an MLP (120-84 ReLU, Kaiming-initialised, unscaled input) in place of the CNN. Run by benchmarks/vs_cleanrl.py.
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/sac/#sac_ataripy
 import os
 import random
@@ -24,7 +24,7 @@ import sys  # fleetrl: cleanrl_utils from benchmarks/cleanrl/upstream, the buffe
 import ale_py  # fleetrl: gymnasium 1.x: ale-py registers its ids only when asked
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "upstream"))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # fleetrl: loops/offpolicy.py, the buffer
 gym.register_envs(ale_py)
 from cleanrl_utils.atari_wrappers import (  # noqa: E402
     ClipRewardEnv,
@@ -33,7 +33,7 @@ from cleanrl_utils.atari_wrappers import (  # noqa: E402
     MaxAndSkipEnv,
     NoopResetEnv,
 )
-from plain_offpolicy import ReplayBuffer  # noqa: E402  fleetrl: SB3's ReplayBuffer as CleanRL uses it (SB3 is not installed here)
+from loops.offpolicy import ReplayBuffer  # noqa: E402  fleetrl: SB3's ReplayBuffer as CleanRL uses it (SB3 is not installed here)
 
 
 @dataclass

@@ -111,7 +111,7 @@ class QNetwork(nn.Module):
     """CleanRL's Q-network: one value per action. Vector observations: an MLP 120-84 ReLU; stacked Atari frames: the
     Nature CNN (uint8 frames in, scaled inside). PyTorch's default initialisation, as CleanRL's dqn.py and
     dqn_atari.py: a seed gives CleanRL's initial weights (issue 22 measured PPO's orthogonal init here, benchmarks/
-    dqn_vs_cleanrl.py)."""
+    vs_cleanrl.py dqn)."""
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int):
         super().__init__()

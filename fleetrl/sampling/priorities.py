@@ -15,7 +15,7 @@ The tree is the heap of openai/baselines and CleanRL (``2 * capacity - 1`` float
 ``2k + 1`` and ``2k + 2``, slot ``s`` at node ``capacity - 1 + s``), and every number is computed as CleanRL computes it
 (its dtypes under NumPy 2, its order of operations, its float32 search). So the same inserts, updates and random draws give CleanRL's
 sampled slots, priorities and weights bit for bit, for any capacity (tests/test_prioritized_replay.py compares them with
-CleanRL's own classes, benchmarks/cleanrl_per.py). The memory is the tree's: two float32 numbers per slot (8 MB for 1M).
+CleanRL's own classes, benchmarks/cleanrl/rainbow_atari.py). The memory is the tree's: two float32 numbers per slot (8 MB for 1M).
 """
 
 from __future__ import annotations

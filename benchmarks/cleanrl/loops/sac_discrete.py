@@ -1,43 +1,15 @@
-"""fleetrl's discrete SAC against CleanRL's sac_atari.py (issue 36, item 2): a lockstep trace of the two loops, speed
-and learning.
-
-    python benchmarks/sac_discrete_vs_cleanrl.py --lockstep --steps 3000 --learning-starts 1000 --seed 1
-    python benchmarks/sac_discrete_vs_cleanrl.py --speed --env-id BreakoutNoFrameskip-v4 --steps 6000 --learning-starts 2000 --repeats 3
-    python benchmarks/sac_discrete_vs_cleanrl.py --learn --env-id CartPole-v1 --seeds 1-10 --steps 100000 --learning-starts 5000
-
-``--lockstep``: fleetrl's loop (``fleetrl.algos.sac_discrete.train``, recorded at its engine calls) beside CleanRL's
-sac_atari.py loop (``plain_sac_discrete`` below: its networks, imported from benchmarks/cleanrl/sac_atari.py with the
-MLP that file gives vector observations, and its acting, critic, actor and temperature updates and target copies as
-its file writes them, on benchmarks/plain_offpolicy.py's SB3-style buffer and gymnasium 1.x's same-step autoreset).
-CleanRL's loop is given fleetrl's three differences, each a switch: ``fleetrl_draws`` (warm-up actions from numpy's
-global RNG, not the action space's own), ``copied_targets`` (the target networks deep-copied, not built and loaded:
-the same weights without drawing torch's RNG for discarded ones) and ``fused_adam``. Both then take the same actions,
-updates and target updates, with the same losses, bit for bit; the first place they part is printed.
-tests/test_sac_discrete.py runs it in ``make test``.
-
-``--speed`` and ``--learn`` run CleanRL's own script (benchmarks/cleanrl/sac_atari.py) and ``fleetrl train
-sac_discrete`` side by side (benchmarks/cleanrl_side_by_side.py), with the same budget and ``--learning-starts``; on
-classic control fleetrl's classic buffer and target cadence are given to both (CleanRL's are Atari's), and on Atari a
-100k buffer (CleanRL's 1M keeps obs and next obs apart: 53 GB).
-"""
+"""CleanRL's sac_atari.py loop, in this process with trace points and fleetrl's three differences as switches (its
+networks, with the MLP for vector observations, imported from benchmarks/cleanrl/sac_atari.py); changes listed in
+benchmarks/cleanrl/README.md."""
 
 from __future__ import annotations
 
-import argparse
 import copy
-import os
-import sys
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import cleanrl_side_by_side as side_by_side  # noqa: E402
-from cleanrl_side_by_side import Sides, Trace, compare, print_verdicts, renamed  # noqa: E402
-
-CLEANRL_SAC_ATARI = os.path.join(HERE, "cleanrl", "sac_atari.py")
+from loops.offpolicy import Trace
 
 
 @dataclass
@@ -62,10 +34,8 @@ def plain_sac_discrete(env_id: str, steps: int, learning_starts: int, seed: int 
     import torch.nn.functional as F
     import torch.optim as optim
 
-    import plain_offpolicy
-    from plain_offpolicy import ReplayBuffer, _seed, make_envs
-
-    sys.path.insert(0, os.path.join(HERE, "cleanrl"))
+    from loops import offpolicy as plain_offpolicy
+    from loops.offpolicy import ReplayBuffer, _seed, make_envs
     from sac_atari import Actor, SoftQNetwork  # CleanRL's networks, from its file (benchmarks/cleanrl/)
 
     trace = Trace()
@@ -190,95 +160,3 @@ def plain_sac_discrete(env_id: str, steps: int, learning_starts: int, seed: int 
     for name, network in dict(actor=actor, qf1=qf1, qf2=qf2, qf1_target=qf1_target, qf2_target=qf2_target).items():
         trace.final_params.update({f"{name}.{k}": v.clone() for k, v in network.state_dict().items()})
     return trace
-
-
-# fleetrl's module names of CleanRL's: fleetrl's MLP is one Sequential; CleanRL's port calls its first layer conv.0
-FLEETRL_NAMES = {f"{net}.network.{i}.": f"{net}.{name}." for net in ("actor", "qf1", "qf2", "qf1_target", "qf2_target")
-                 for i, name in ((0, "conv.0"), (2, "fc1"), (4, "fc_logits" if net == "actor" else "fc_q"))}
-
-
-def fleetrl_trace(env_id: str, steps: int, learning_starts: int, seed: int = 1) -> Trace:
-    """fleetrl's discrete SAC run, recorded at the engine calls its loop makes (fleetrl/algos/sac_discrete.py): each
-    step's action (``step_envs``), each optimiser step's loss (``optimizer_step``), each target update
-    (``soft_update``, two a time: qf1's, then qf2's)."""
-    from fleetrl import checkpoint
-    from fleetrl.algos import sac_discrete
-
-    trace = Trace()
-    calls = (sac_discrete.step_envs, sac_discrete.optimizer_step, sac_discrete.soft_update)
-    step_envs, optimizer_step, soft_update = calls
-    targets = []
-
-    def record_step(envs, rb, obs, actions, *rest):
-        trace.actions.append(np.array(actions[0]))
-        return step_envs(envs, rb, obs, actions, *rest)
-
-    def record_update(optimizer, sync, loss):
-        trace.update_steps.append(len(trace.actions) - 1)
-        trace.losses.append(loss.item())
-        return optimizer_step(optimizer, sync, loss)
-
-    def record_target(target, source, tau):
-        targets.append(target)
-        if len(targets) % 2 == 1:  # once per target update: qf1's comes first
-            trace.target_steps.append(len(trace.actions) - 1)
-        return soft_update(target, source, tau)
-
-    sac_discrete.step_envs, sac_discrete.optimizer_step, sac_discrete.soft_update = record_step, record_update, record_target
-    try:
-        with tempfile.TemporaryDirectory() as runs:
-            sac_discrete.train(sac_discrete.Args(env_id=env_id, seed=seed, total_timesteps=steps, learning_starts=learning_starts, torch_threads=1,
-                                                 cuda=False, env_backend="sync", progress=False, run_dir=os.path.join(runs, "run")))
-            state = checkpoint.load_checkpoint(os.path.join(runs, "run"))
-    finally:
-        sac_discrete.step_envs, sac_discrete.optimizer_step, sac_discrete.soft_update = calls
-    trace.final_params = renamed({part: state[part] for part in ("actor", "qf1", "qf2", "qf1_target", "qf2_target")}, FLEETRL_NAMES)
-    return trace
-
-
-def lockstep(opts: argparse.Namespace) -> dict[str, str]:
-    import torch
-
-    torch.set_num_threads(1)
-    ours = fleetrl_trace(opts.env_id, opts.steps, opts.learning_starts, opts.seed)
-    theirs = plain_sac_discrete(opts.env_id, opts.steps, opts.learning_starts, seed=opts.seed, fleetrl_draws=True, copied_targets=True,
-                                fused_adam=True)
-    verdicts = compare(ours, theirs)
-    print_verdicts(f"lockstep, {opts.env_id}, seed {opts.seed}, {opts.steps:,} steps, learning after step {opts.learning_starts:,}:",
-                   verdicts)
-    return verdicts
-
-
-# ============================================================================ subprocess runs: speed and learning
-ATARI_BUFFER = 100_000
-
-
-def shared_flags(env_id: str, opts: argparse.Namespace) -> list[str]:
-    """Both sides' flags: the budget's start, and on classic control fleetrl's classic defaults (CleanRL's are Atari's)."""
-    from fleetrl.algos.sac_discrete import FAMILY_DEFAULTS
-    from fleetrl.envs import env_family
-
-    flags = ["--learning-starts", str(opts.learning_starts)]
-    if env_family(env_id).name == "classic":
-        classic = FAMILY_DEFAULTS["classic"]
-        flags += ["--buffer-size", str(classic["buffer_size"]), "--target-network-frequency", str(classic["target_network_frequency"])]
-    else:  # CleanRL's 1M-frame buffer holds obs and next obs apart: 53 GB, more than this machine has
-        flags += ["--buffer-size", str(ATARI_BUFFER)]
-    return flags
-
-
-SIDES = Sides("sac_discrete", CLEANRL_SAC_ATARI, "sac_atari.py", shared_flags)
-
-
-def main() -> None:
-    opts = side_by_side.parser(__doc__, "CartPole-v1", 3000, 1000, "sac_discrete_vs_cleanrl").parse_args()
-    if opts.lockstep:
-        lockstep(opts)
-    elif opts.speed:
-        side_by_side.speed(SIDES, opts)
-    else:
-        side_by_side.learn(SIDES, opts)
-
-
-if __name__ == "__main__":
-    main()

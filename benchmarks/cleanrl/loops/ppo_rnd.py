@@ -1,43 +1,13 @@
-"""fleetrl's PPO-RND against CleanRL's ppo_rnd_envpool.py (issue 36): its networks and update code in lockstep, and speed.
-
-    python benchmarks/ppo_rnd_vs_cleanrl.py --lockstep [--env-id BreakoutNoFrameskip-v4] [--seed 1]
-    python benchmarks/ppo_rnd_vs_cleanrl.py --speed --env-id ALE/Breakout-v5 --num-envs 32 --steps 16384 --repeats 3
-
-``--speed`` runs CleanRL's script (benchmarks/cleanrl/ppo_rnd_envpool.py, on EnvPool) and ``fleetrl train ppo_rnd`` (on
-EnvPool too) side by side (benchmarks/cleanrl_side_by_side.py), with the same ``--num-envs``, ``--num-steps`` and
-``--num-iterations-obs-norm-init``. CleanRL's SPS counts its random-action start (its clock starts before it) and
-fleetrl's does not, so the wall-clock column, start-up included, is the like-for-like one.
-
-``fleetrl.algos.ppo_rnd.train`` runs a short Atari job, recorded where its loop calls the curiosity: the initial
-weights, each iteration's rollout (its extrinsic rewards and values, episode ends, intrinsic rewards and values, as
-the curiosity computed them) and advantages, the observation statistics the predictor trained with, every minibatch
-with the torch RNG state its loss started from, every loss, and the weights after each iteration. CleanRL's code, as
-its file writes it (benchmarks/cleanrl/ppo_rnd_envpool.py: its Agent and RNDModel, its two-stream GAE, its
-minibatch loss and step), then runs on the same inputs, in the same order, from the same seed. It reports where the
-two part and by how much. The initial weights are identical (the same seed makes the same networks) and so are the
-advantages; the update is identical given fleetrl's rounding of two quantities (the log-probabilities without
-``torch.distributions``, and the advantages' normalisation in float64), and otherwise differs by rounding only.
-tests/test_ppo_rnd.py bounds it in ``make test``.
-
-Not compared here: the intrinsic rewards' scaling, where fleetrl's running discount goes along each env's steps and
-CleanRL's along the envs (docs/algorithms.md), and the random-action start of the statistics (the envs differ).
-"""
+"""CleanRL's ppo_rnd_envpool.py start, acting and update code (its Agent and RNDModel from
+benchmarks/cleanrl/ppo_rnd_envpool.py), replayed in this process on fleetrl's recorded rollouts and minibatches; the
+changes are listed in benchmarks/cleanrl/README.md."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import cleanrl_side_by_side as side_by_side  # noqa: E402
-from cleanrl_side_by_side import gap  # noqa: E402
 
 # a short job: 3 iterations of 4 envs x 32 steps, 2 minibatches, 2 epochs, the statistics started by 1 random rollout
 LOCKSTEP = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, num_iterations_obs_norm_init=1, total_timesteps=3 * 4 * 32)
@@ -54,78 +24,6 @@ class Record:
     minibatches: list[tuple[dict[str, Any], Any]] = field(default_factory=list)  # (minibatch, torch RNG state before its loss)
     losses: list[float] = field(default_factory=list)
     weights: list[list[Any]] = field(default_factory=list)  # after each iteration's update
-
-
-def fleetrl_record(env_id: str, seed: int) -> Record:
-    """fleetrl's PPO-RND on ``LOCKSTEP``'s job, recorded where its loop calls the curiosity."""
-    import torch
-
-    from fleetrl import checkpoint
-    from fleetrl.algos import ppo_rnd
-    from fleetrl.sampling.normalize import RunningMeanStd
-
-    record = Record()
-    curiosity = ppo_rnd.Curiosity
-    real = (curiosity.__init__, curiosity.advantage, curiosity.loss)
-
-    def record_init(self, run, agent, *args):
-        record.initial = {k: v.clone() for k, v in agent.state_dict().items()}
-        update = RunningMeanStd.update
-
-        def keep(rms, batch, allreduce=None):  # only the random-action start updates statistics here
-            record.warmup_batches.append(np.array(batch))
-            return update(rms, batch, allreduce)
-
-        RunningMeanStd.update = keep
-        try:
-            real[0](self, run, agent, *args)
-        finally:
-            RunningMeanStd.update = update
-        record.warmup_stats = (self.obs_rms.mean.copy(), self.obs_rms.var.copy())
-
-    def record_advantage(self, b):
-        if record.rollouts:  # the weights the previous iteration's update left
-            record.weights.append([p.detach().clone() for p in self.agent.parameters() if p.requires_grad])
-        record.acting.append(dict(weights={k: v.clone() for k, v in self.agent.state_dict().items()}, obs=b.obs.copy(),
-                                  actions=b.actions.copy(), logprobs=b.logprobs.copy(), values=b.values.copy(),
-                                  next_obs=b.next_obs(ppo_rnd.rnd_input), obs_stats=(self.obs_rms.mean.copy(), self.obs_rms.var.copy())))
-        curiosity_seen = {}
-        update = self.discounted_reward.update
-
-        def keep(rews):
-            curiosity_seen.setdefault("rewards", []).append(np.array(rews))
-            return update(rews)
-
-        self.discounted_reward.update = keep
-        try:
-            extra = real[1](self, b)
-        finally:
-            del self.discounted_reward.update
-        record.rollouts.append(dict(rewards=b.rewards.copy(), dones=b.dones.copy(), terminated=b.terminated.copy(), values=b.values.copy(),
-                                    last_values=b.last_values.copy(), curiosity=np.stack(curiosity_seen["rewards"]),
-                                    reward_var=float(self.reward_rms.var), advantages=b.advantages.copy(), returns=b.returns.copy(),
-                                    int_returns=extra["int_returns"].numpy().copy(), int_values=self.int_values.copy(),
-                                    next_value_int=self.next_value_int.copy()))
-        record.obs_stats.append((self.obs_rms.mean.copy(), self.obs_rms.var.copy()))
-        return extra
-
-    def record_loss(self, agent, mb, args, dist):
-        record.minibatches.append(({k: v.clone() for k, v in mb.items()}, torch.get_rng_state()))
-        loss, stats = real[2](self, agent, mb, args, dist)
-        record.losses.append(loss.item())
-        return loss, stats
-
-    curiosity.__init__, curiosity.advantage, curiosity.loss = record_init, record_advantage, record_loss
-    try:
-        with tempfile.TemporaryDirectory() as runs:
-            run_dir = os.path.join(runs, "run")
-            ppo_rnd.train(ppo_rnd.Args(env_id=env_id, seed=seed, torch_threads=1, cuda=False, env_backend="ale", progress=False,
-                                       precision="fp32", memory_format="contiguous", actor_device="cpu", run_dir=run_dir, **LOCKSTEP))
-            model = checkpoint.load_checkpoint(run_dir)["model"]
-    finally:
-        curiosity.__init__, curiosity.advantage, curiosity.loss = real
-    record.weights.append([model[k] for k, v in record.initial.items() if not k.startswith("rnd.target.")])
-    return record
 
 
 def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, fleetrl_advantages: bool = False, fleetrl_logprobs: bool = False,
@@ -147,7 +45,6 @@ def cleanrl_replay(ours: Record, seed: int, fused_adam: bool = True, fleetrl_adv
     from fleetrl.distributed import Dist
     from fleetrl.nets import categorical_logprob_entropy
 
-    sys.path.insert(0, os.path.join(HERE, "cleanrl"))
     from ppo_rnd_envpool import Agent, Args, RNDModel  # CleanRL's, from its file (benchmarks/cleanrl/)
 
     args = Args(seed=seed, env_id="", **{k: v for k, v in LOCKSTEP.items()})
@@ -311,7 +208,6 @@ def cleanrl_acting(ours: Record) -> dict[str, list]:
     import torch
     from gymnasium.wrappers.utils import RunningMeanStd
 
-    sys.path.insert(0, os.path.join(HERE, "cleanrl"))
     from ppo_rnd_envpool import Agent, RNDModel  # CleanRL's, from its file (benchmarks/cleanrl/)
 
     obs_rms = RunningMeanStd(shape=(1, 1, 84, 84))
@@ -339,66 +235,3 @@ def cleanrl_acting(ours: Record) -> dict[str, list]:
             theirs["int_values"].append(value_int.flatten().numpy())
             theirs["curiosity"].append(((target_next_feature - predict_next_feature).pow(2).sum(1) / 2).numpy())
     return theirs
-
-
-def compare_acting(ours: Record, theirs: dict[str, list]) -> dict[str, str]:
-    mean, var = ours.warmup_stats
-    return {"start's statistics": gap([mean.reshape(-1), var.reshape(-1)], theirs["warmup"], True),
-            "acting: log-probabilities": gap([row for r in ours.acting for row in r["logprobs"]], theirs["logprobs"], True),
-            "acting: extrinsic values": gap([row for r in ours.acting for row in r["values"]], theirs["ext_values"], True),
-            "intrinsic values": gap([row for r in ours.rollouts for row in r["int_values"]], theirs["int_values"], True),
-            "intrinsic rewards": gap([row for r in ours.rollouts for row in r["curiosity"]], theirs["curiosity"], True)}
-
-
-def compare(ours: Record, theirs: Record) -> dict[str, str]:
-    verdicts = {"initial weights": gap(list(ours.initial.values()), list(theirs.initial.values()), False)}
-    if list(ours.initial) != list(theirs.initial):
-        verdicts["initial weights"] = "the parameters are named or ordered differently"
-    for name in ("advantages", "returns", "int_returns"):
-        verdicts[name] = gap([r[name].reshape(-1) for r in ours.rollouts], [r[name] for r in theirs.rollouts], True)
-    verdicts["losses"] = gap(ours.losses, theirs.losses, True)
-    for i, (mine, other) in enumerate(zip(ours.weights, theirs.weights), 1):
-        verdicts[f"weights after iteration {i}"] = gap(mine, other, False)
-    return verdicts
-
-
-def lockstep(opts: argparse.Namespace) -> dict[str, str]:
-    import torch
-
-    torch.set_num_threads(1)
-    ours = fleetrl_record(opts.env_id, opts.seed)
-    acting = compare_acting(ours, cleanrl_acting(ours))
-    side_by_side.print_verdicts(f"lockstep (the start and the acting), {opts.env_id}, seed {opts.seed}: CleanRL's code on fleetrl's "
-                                f"observations and actions, at the weights and statistics that acted:", acting)
-    verdicts = side_by_side.both_roundings(
-        f"lockstep (the networks and the update code), {opts.env_id}, seed {opts.seed}, {LOCKSTEP}",
-        lambda fleetrl_rounding: compare(ours, cleanrl_replay(ours, opts.seed, fleetrl_advantages=fleetrl_rounding, fleetrl_logprobs=fleetrl_rounding,
-                                                              fleetrl_predictor_rows=fleetrl_rounding)))
-    return {**acting, **verdicts}
-
-
-# ============================================================================ subprocess runs: speed
-def budget(env_id: str, opts: argparse.Namespace) -> list[str]:
-    return ["--num-envs", str(opts.num_envs), "--num-steps", str(opts.num_steps), "--num-iterations-obs-norm-init", str(opts.obs_norm_init)]
-
-
-SIDES = side_by_side.Sides("ppo_rnd", os.path.join(HERE, "cleanrl", "ppo_rnd_envpool.py"), "ppo_rnd_envpool.py", budget, backend="envpool",
-                           their_env_id=lambda env_id: env_id.removeprefix("ALE/"))
-
-
-def main() -> None:
-    parser = side_by_side.parser(__doc__, "BreakoutNoFrameskip-v4", 16384, 0, "ppo_rnd_vs_cleanrl")
-    parser.add_argument("--num-envs", type=int, default=32)
-    parser.add_argument("--num-steps", type=int, default=128)
-    parser.add_argument("--obs-norm-init", type=int, default=1, help="--num-iterations-obs-norm-init, both sides")
-    opts = parser.parse_args()
-    if opts.lockstep:
-        lockstep(opts)
-    elif opts.speed:
-        side_by_side.speed(SIDES, opts)
-    else:
-        sys.exit("--learn: not in this harness (the issue asks one long Montezuma's Revenge run: fleetrl train ppo_rnd)")
-
-
-if __name__ == "__main__":
-    main()
