@@ -68,6 +68,19 @@ def med(values: Iterable[float | None]) -> float | None:
     return statistics.median(kept) if kept else None
 
 
+def median_us(fn, calls: int, repeats: int, clock=time.perf_counter) -> float:
+    """The median over ``repeats`` of ``calls`` calls' microseconds a call, after a short warm-up."""
+    for _ in range(min(calls, 50)):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        for _ in range(calls):
+            fn()
+        times.append((clock() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
 def fmt(value: float | None, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 

@@ -17,29 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench import ROOT, alternate, env_with_path, fmt, host_line, med, run_process, table
+from bench import ROOT, alternate, env_with_path, fmt, host_line, med, median_us, run_process, table
 
 RUN_PPO = ["train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", "512", "--no-cuda", "--no-progress"]
-
-
-def median_us(fn, calls: int, repeats: int, clock=time.perf_counter) -> float:
-    """The median over ``repeats`` of ``calls`` calls' microseconds a call, after a short warm-up."""
-    for _ in range(min(calls, 50)):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        for _ in range(calls):
-            fn()
-        times.append((clock() - start) / calls * 1e6)
-    return statistics.median(times)
 
 
 # ============================================================================ learner-start

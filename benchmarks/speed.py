@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import HERE, ROOT, alternate, emit, env_with_path, fmt, host_line, med, run_process, table, train, tree_cpu_seconds
+from bench import HERE, ROOT, alternate, emit, env_with_path, fmt, host_line, med, median_us, run_process, table, train, tree_cpu_seconds
 
 BUSY, SLEEP, STRAGGLER = "ppo_speed_envs:BusyWait200us-v0", "ppo_speed_envs:Sleep200us-v0", "ppo_speed_envs:Straggler-v0"
 WAIT, SOCKET = "ppo_speed_envs:Sleep5ms-v0", "ppo_speed_envs:SocketSim-v0"
@@ -465,7 +465,6 @@ def omp_child(torch_threads: int) -> dict:
     """Median ms of a Nature CNN training minibatch (256) and an acting call (8), and the cores busy elsewhere before."""
     import torch
 
-    from bench import med as median
     from fleetrl.nets import NatureCNN
     from fleetrl.runtime import busy_cores_elsewhere
 
@@ -474,24 +473,14 @@ def omp_child(torch_threads: int) -> dict:
     net, head = NatureCNN(4), torch.nn.Linear(NatureCNN.out_dim, 4)
     optimizer, batch, acting = torch.optim.Adam([*net.parameters(), *head.parameters()]), torch.rand(256, 4, 84, 84), torch.rand(8, 4, 84, 84)
 
-    def ms(fn, calls: int) -> float:
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return median(times)
-
     def train_step() -> None:
         optimizer.zero_grad()
         head(net(batch)).pow(2).mean().backward()
         optimizer.step()
 
-    ms(train_step, 2)
-    train_ms = ms(train_step, 6)
+    train_ms = median_us(train_step, 1, 6) / 1e3  # each the median of single calls, after a warm-up call
     with torch.no_grad():
-        ms(lambda: head(net(acting)), 5)
-        return {"train_ms": train_ms, "act_ms": ms(lambda: head(net(acting)), 50), "busy": busy}
+        return {"train_ms": train_ms, "act_ms": median_us(lambda: head(net(acting)), 1, 50) / 1e3, "busy": busy}
 
 
 def cmd_threads(opts: argparse.Namespace) -> None:
