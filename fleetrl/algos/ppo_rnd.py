@@ -232,7 +232,7 @@ class Curiosity:
             int_values[chunk] = agent.get_value_int(torch.as_tensor(obs[chunk], device=self.device)).cpu().numpy()
         curiosity_rewards, int_values = curiosity_rewards.reshape(num_steps, num_envs), int_values.reshape(num_steps, num_envs)
         next_value_int = agent.get_value_int(torch.as_tensor(b.last_obs, device=self.device)).cpu().numpy()
-        self.int_values, self.next_value_int = int_values, next_value_int  # kept for a look (benchmarks/ppo_rnd_vs_cleanrl.py)
+        self.int_values, self.next_value_int = int_values, next_value_int  # kept for a look (benchmarks/vs_cleanrl.py ppo_rnd)
 
         curiosity_reward_per_env = np.stack([self.discounted_reward.update(reward_per_step) for reward_per_step in curiosity_rewards])
         self.reward_rms.update(curiosity_reward_per_env, self.dist.allreduce_sum_np)
