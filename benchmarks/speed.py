@@ -20,6 +20,7 @@ import contextlib
 import csv
 import importlib
 import json
+import math
 import os
 import re
 import shlex
@@ -380,9 +381,16 @@ def cmd_envs(opts: argparse.Namespace) -> None:
         plans = {name(r): plan_stepping(r[0], env_family(r[0]), r[1], cores().usable, workers=r[3], threads=r[4], async_batch=r[5])
                  for r in rows if r[2] == "async"}
         by_name = {name(r): r for r in rows}
-        runs = alternate(by_name, opts.repeats, lambda n, _: step_ale_raw(*by_name[n][:2], opts.seconds) if by_name[n][2] == "ale-raw"
-                         else measure_env(by_name[n][0], by_name[n][2], by_name[n][1], opts.seconds, async_batch=by_name[n][5], stepping=plans.get(n)),
-                         lambda n, m: f"{m[0]:,.0f} steps/s")
+        def step(n: str, _) -> tuple:
+            env_id, num_envs, backend, _, _, batch = by_name[n]
+            try:
+                return (step_ale_raw(env_id, num_envs, opts.seconds) if backend == "ale-raw" else
+                        measure_env(env_id, backend, num_envs, opts.seconds, async_batch=batch, stepping=plans.get(n)))
+            except Exception as exc:  # noqa: BLE001  (a row that fails is reported, and the rest go on)
+                print(f"FAILED: {n}: {exc}", file=sys.stderr, flush=True)
+                return math.nan, None, None
+
+        runs = alternate(by_name, opts.repeats, step, lambda n, m: f"{m[0]:,.0f} steps/s")
     rate = {n: [med(m[i] for m in runs[n]) for i in range(3)] for n in runs}
     out, base = [], {}
     for r in rows:
@@ -397,7 +405,7 @@ def cmd_envs(opts: argparse.Namespace) -> None:
     if opts.preset.startswith("wait"):
         at = {n: rate[name((WAIT, n, "async", None, None, None))] for n in (32, 128)}
         print(f"\n- Target: 128 envs >= 3.2x the rate at 32: **{at[128][0] / at[32][0]:.2f}x**; tree RSS at 128 <= 3 GB: "
-              f"**{at[128][2] / 1024:.2f} GB**.")
+              f"**{(at[128][2] or math.nan) / 1024:.2f} GB**.")
 
 
 # ============================================================================ threads: the measurements behind the thread plan
