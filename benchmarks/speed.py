@@ -524,7 +524,8 @@ def cmd_threads(opts: argparse.Namespace) -> None:
                  and (b == "sync" or p.env_workers == w)]
         out.append([g, b, t, "-" if b == "sync" else w, fmt(med(r[0] for r in runs)), ", ".join(fmt(r[0]) for r in runs),
                     ", ".join(f"{r[1]:.1f}" for r in runs), "; ".join(picks)])
-    print(table(["workload", "backend", "torch threads", "env workers", "SPS (median)", "all runs", "cores busy elsewhere", "plan"], out))
+    if out:
+        print(table(["workload", "backend", "torch threads", "env workers", "SPS (median)", "all runs", "cores busy elsewhere", "plan"], out))
     if "overlap" in groups:
         lag = child_runs("--overlap-child")
         print("\n--policy-lag 1 emulated: Breakout x8 x 128, sampling in a thread beside the learner; iteration SPS\n\n" + table(
