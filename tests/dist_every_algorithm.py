@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -25,8 +26,8 @@ ON_POLICY_SMALL = [*CARTPOLE, "--env-backend", "sync", "--num-envs", "4", "--num
 
 # each algorithm's training under 2 ranks: `fleetrl train` plus these flags (the run folder is added)
 TRAIN: dict[str, list[str]] = {
-    # the default backend and budget: every env step of both ranks lands in a logged episode
-    "ppo": ["ppo", *CARTPOLE, "--total-timesteps", str(16 * 512)],
+    # the default backend: every env step of both ranks lands in a logged episode
+    "ppo": ["ppo", *CARTPOLE, "--total-timesteps", str(8 * 512)],
     "ppo_lstm": ["ppo_lstm", "--env-id", "CartPoleNoVel-v1", "--no-cuda", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
                  "--total-timesteps", "256"],
     "ppo_rnd": ["ppo_rnd", *ON_POLICY_SMALL, "--num-iterations-obs-norm-init", "2", "--total-timesteps", str(4 * 128)],
@@ -43,19 +44,23 @@ TRAIN: dict[str, list[str]] = {
     "td3": ["td3", *PENDULUM],
     "ddpg": ["ddpg", *PENDULUM],
 }
+# refused by every rank, said by one: `fleetrl train` plus these flags
+REFUSED: dict[str, list[str]] = {
+    "bad_flag": ["ppo", *CARTPOLE, "--num-envs", "4", "--num-minibatches", "7"],
+}
 # the compute layer's own checks (tests/dist_*_check.py, test_grad_sync.worker), run in the same job
 CHECKS = ["grad", "adv_norm", "grad_sync", "norm"]
 NORM_TRAIN = ["--env-id", "fleetrl_test_envs:RecordingDrift-v0", "--env-backend", "sync", "--num-envs", "4", "--num-steps", "50",
               "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "400", "--no-cuda"]
-JOBS = [*CHECKS, *TRAIN]
+JOBS = [*REFUSED, *CHECKS, *TRAIN]
 
 
 def run_job(name: str, folder: Path) -> None:
     """One job on this rank, in this process; raises or exits (SystemExit) as the job does."""
-    if name in TRAIN:
+    if name in TRAIN or name in REFUSED:
         from fleetrl.cli import main
 
-        main(["train", *TRAIN[name], "--run-dir", str(folder / "run")])
+        main(["train", *(TRAIN.get(name) or REFUSED[name]), "--run-dir", str(folder / "run")])
     elif name == "grad":
         import dist_grad_check
 
@@ -94,8 +99,6 @@ def between_jobs(store, name: str, rank: int, world_size: int) -> None:
     """Every rank has left ``name``'s group; then rank 0 removes the round's announcement, and the ranks go on together."""
     from fleetrl.distributed import ROUND_STORE_KEY
 
-    import time
-
     store.add(f"every_algorithm/{name}/left", 1)
     while int(store.add(f"every_algorithm/{name}/left", 0)) < world_size:
         time.sleep(0.05)
@@ -116,7 +119,7 @@ def main(out: str, names: list[str]) -> None:
     for name in names or JOBS:
         folder = Path(out) / name
         folder.mkdir(parents=True, exist_ok=True)
-        code, log = 0, folder / f"rank{rank}.log"
+        code, log, began = 0, folder / f"rank{rank}.log", time.perf_counter()
         default_dtype = torch.get_default_dtype()
         with open(log, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             try:
@@ -132,7 +135,7 @@ def main(out: str, names: list[str]) -> None:
                 torch.set_default_dtype(default_dtype)  # dist_grad_check computes in float64
                 if dist.is_initialized():  # a job that failed inside its group leaves it, so the next can join
                     dist.destroy_process_group()
-        (folder / f"rank{rank}.json").write_text(json.dumps({"returncode": code}))
+        (folder / f"rank{rank}.json").write_text(json.dumps({"returncode": code, "seconds": round(time.perf_counter() - began, 1)}))
         between_jobs(store, name, rank, world_size)
 
 
