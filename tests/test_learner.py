@@ -24,7 +24,7 @@ from fleetrl.errors import FleetError
 from fleetrl.learner import PROCESS_NAME, Learner
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import dqn_updates_made, fleetrl_env, killed_on_exit, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
+from conftest import dqn_updates_made, fleetrl_env, killed_on_exit, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 LAGGED = [*CARTPOLE, "--learning-starts", "1000", "--buffer-size", "2000", "--policy-lag", "1", "--no-progress"]
@@ -224,9 +224,10 @@ def test_bad_policy_lags_are_refused_before_anything_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_lagged_run_is_deterministic_for_a_seed_and_its_checkpoint_holds_every_update(tmp_path):
-    total, runs = 6000, []
+    # 199 updates after learning starts, each in the learner's own process; the trainer runs here, through the CLI's entry
+    total, runs = 3000, []
     for name in ("a", "b"):
-        proc = run_fleetrl("train", "dqn", *LAGGED, "--total-timesteps", str(total), "--run-dir", str(tmp_path / name), timeout=240)
+        proc = run_fleetrl_in_process("train", "dqn", *LAGGED, "--total-timesteps", str(total), "--run-dir", str(tmp_path / name))
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(tmp_path / name)
     curves = [[(p.step, p.value) for p in read_scalars(run, "losses/td_loss")] for run in runs]
@@ -236,7 +237,7 @@ def test_a_lagged_run_is_deterministic_for_a_seed_and_its_checkpoint_holds_every
     state = checkpoint.load_checkpoint(runs[0])
     steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
     assert steps == {dqn_updates_made(total)}, f"the checkpoint's optimiser took every update the learner did: {steps}"
-    evaluated = run_fleetrl("eval", str(runs[0]), "--episodes", "2", "--json", timeout=240)
+    evaluated = run_fleetrl_in_process("eval", str(runs[0]), "--episodes", "2", "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
 
@@ -247,7 +248,7 @@ def test_sigterm_to_the_whole_group_checkpoints_the_learners_state_then_resume_f
     train = ["train", "dqn", *LAGGED, "--total-timesteps", str(total), "--checkpoint-every", "10", "--run-dir", str(run_dir)]
     proc = start_fleetrl_group(*train)
     with killed_on_exit(proc):
-        wait_for_checkpoint(proc, run_dir, 5000)
+        wait_for_checkpoint(proc, run_dir, 3000)  # by then the learner has made 199 updates
         os.killpg(proc.pid, signal.SIGTERM)  # as Slurm or Ctrl-C do: the learner gets it too, and leaves the stop to the trainer
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in output, output[-3000:]
@@ -256,9 +257,9 @@ def test_sigterm_to_the_whole_group_checkpoints_the_learners_state_then_resume_f
     assert stopped_at < total
     steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
     assert steps == {dqn_updates_made(stopped_at)}, f"the learner's every update is in the checkpoint: {steps} at {stopped_at}"
-    resumed = run_fleetrl(*train, "--total-timesteps", str(stopped_at + 3000), "--resume", "auto", timeout=240)
+    resumed = run_fleetrl_in_process(*train, "--total-timesteps", str(stopped_at + 1000), "--resume", "auto")  # the resume itself needs no signal
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == stopped_at + 3000
+    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == stopped_at + 1000
 
 
 @pytest.mark.slow
@@ -268,7 +269,7 @@ def test_kill_9_of_the_trainer_takes_the_learner_with_it_and_resume_auto_finishe
     train = ["train", "dqn", *LAGGED, "--total-timesteps", str(total), "--checkpoint-every", "10", "--run-dir", str(run_dir)]
     proc = start_fleetrl_group(*train)
     with killed_on_exit(proc):
-        wait_for_checkpoint(proc, run_dir, 5000)
+        wait_for_checkpoint(proc, run_dir, 3000)  # by then the learner has made 199 updates
         learners = learner_processes(proc.pid)
         assert learners, "the learner runs in a process of its own"
         os.kill(proc.pid, signal.SIGKILL)  # the trainer alone: its learner must not be left running
@@ -276,9 +277,9 @@ def test_kill_9_of_the_trainer_takes_the_learner_with_it_and_resume_auto_finishe
         gone, alive = psutil.wait_procs(learners, timeout=15)
         assert not alive, f"orphaned learner processes: {alive}"
     killed_at = int(checkpoint.load_checkpoint(run_dir)["global_step"])
-    resumed = run_fleetrl(*train, "--total-timesteps", str(killed_at + 3000), "--resume", "auto", timeout=240)
+    resumed = run_fleetrl_in_process(*train, "--total-timesteps", str(killed_at + 1000), "--resume", "auto")  # the resume itself needs no signal
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == killed_at + 3000
+    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == killed_at + 1000
 
 
 @pytest.mark.slow
