@@ -14,7 +14,7 @@ import pytest
 
 from fleetrl.checkpoint import load_checkpoint
 
-from conftest import fleetrl_env, require_module, skip_unless_ci
+from conftest import fleetrl_env, require_module, run_fleetrl_in_process, skip_unless_ci
 
 # a short run of each, learning for a few hundred steps; SAC and TD3 need MuJoCo (their only env family)
 CASES = {
@@ -24,9 +24,13 @@ CASES = {
 }
 
 
-def fleetrl(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fleetrl", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**fleetrl_env(1), **(env or {})})
+def fleetrl(monkeypatch, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`fleetrl ARGS` through the CLI's entry point in this process; the trainers that tune and benchmark start are real
+    processes, and get ``env`` (with the tests' folder importable and one thread) as a run started by hand would."""
+    for name, value in {**fleetrl_env(1), **(env or {})}.items():
+        if os.environ.get(name) != value:
+            monkeypatch.setenv(name, value)
+    return run_fleetrl_in_process(*args)
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,7 +47,7 @@ def offscreen_gl() -> str | None:
 
 def check_eval(run_dir, steps: int) -> None:
     """`fleetrl eval` plays the run's checkpoint through the policy interface."""
-    evaluated = fleetrl("eval", str(run_dir), "--episodes", "2", "--json")
+    evaluated = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "2", "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     result = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert result["episodes"] == 2 and result["global_step"] == steps, result
@@ -52,7 +56,7 @@ def check_eval(run_dir, steps: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("algo", list(CASES))
-def test_a_tuned_trial_with_video_then_eval(algo, tmp_path):
+def test_a_tuned_trial_with_video_then_eval(algo, tmp_path, monkeypatch):
     """`fleetrl tune` passes the algorithm's own flag to its trainer, which records video; eval plays the trial's run."""
     env_id, flags, space, tuned_field = CASES[algo]
     if env_id.startswith("Inverted"):
@@ -67,7 +71,7 @@ def test_a_tuned_trial_with_video_then_eval(algo, tmp_path):
             skip_unless_ci("MuJoCo cannot render off-screen here with MUJOCO_GL=egl or osmesa (apt-get install libegl1 libegl-mesa0 "
                            "libosmesa6), so the video of a MuJoCo run cannot be checked")
     (tmp_path / "space.yaml").write_text(space)
-    tuned = fleetrl("tune", "--env-ids", env_id, "--search", str(tmp_path / "space.yaml"), "--trials", "1", "--study-name", algo,
+    tuned = fleetrl(monkeypatch, "tune", "--env-ids", env_id, "--search", str(tmp_path / "space.yaml"), "--trials", "1", "--study-name", algo,
                     "--out", str(tmp_path / "tune"), "--", "fleetrl", "train", algo, *flags, "--env-backend", "sync", "--no-cuda",
                     "--capture-video", env={"MUJOCO_GL": gl})
     assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
@@ -83,11 +87,11 @@ def test_a_tuned_trial_with_video_then_eval(algo, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_benchmark_runs_dqn_and_its_checkpoint_evaluates(tmp_path):
+def test_benchmark_runs_dqn_and_its_checkpoint_evaluates(tmp_path, monkeypatch):
     """`fleetrl benchmark` takes any algorithm's command (the runner does not look inside it): DQN here."""
     env_id, flags, _, _ = CASES["dqn"]
     out = tmp_path / "bench"
-    proc = fleetrl("benchmark", "--env-ids", env_id, "--num-seeds", "1", "--out", str(out), "--", "fleetrl", "train", "dqn", *flags,
+    proc = fleetrl(monkeypatch, "benchmark", "--env-ids", env_id, "--num-seeds", "1", "--out", str(out), "--", "fleetrl", "train", "dqn", *flags,
                    "--env-backend", "sync", "--no-cuda")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run_dir = out / f"{env_id}__1"
