@@ -1,14 +1,11 @@
 """Precision, memory format and compile: acting and learning agree in bf16, channels-last changes nothing but speed,
 a failing compiler falls back to eager, and a bad --precision is refused clearly."""
 
-import inspect
-
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from fleetrl import accel
 from fleetrl.accel import Accel, choose_accel, native_bf16
 from fleetrl.algos.ppo import Agent, Args, ppo_loss
 from fleetrl.distributed import Dist
@@ -213,81 +210,64 @@ def test_compile_falls_back_to_eager_when_the_compiler_fails(tmp_path, monkeypat
     assert "done: 512 steps" in proc.stdout
 
 
+# runs `fleetrl` in a process that counts which path each learner step took, and the graphs torch.compile made
+COUNTING_DRIVER = """
+import json, sys
+import torch
+from fleetrl import accel, cli
+
+calls = {"compiled": 0, "eager": 0}
+
+
 class CountedStep(accel.CompiledStep):
-    """The learner step, counting which path each call took: compiled or eager."""
-
-    calls = {"compiled": 0, "eager": 0}
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         compiled_fn, fn = self.compiled_fn, self.fn
 
         def compiled(*a, **k):
-            CountedStep.calls["compiled"] += 1
+            calls["compiled"] += 1
             return compiled_fn(*a, **k)
 
         def eager(*a, **k):
-            CountedStep.calls["eager"] += 1
+            calls["eager"] += 1
             return fn(*a, **k)
 
         self.compiled_fn, self.fn = compiled, eager
 
 
-# runs `fleetrl` in a process of its own (torch.compile's graphs and caches stay out of the test's process) that counts
-# which path each learner step took, and the graphs torch.compile made
-COUNTING_DRIVER = f"""
-import json, sys
-import torch
-from fleetrl import accel, cli
-
-{inspect.getsource(CountedStep)}
 accel.CompiledStep = CountedStep
 try:
     cli.main(sys.argv[1:])
 finally:
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] if "torch._dynamo" in sys.modules else 0
-    print("learner steps:", json.dumps({{**CountedStep.calls, "graphs": graphs}}), flush=True)
+    print("learner steps:", json.dumps({**calls, "graphs": graphs}), flush=True)
 """
 
 
-def _dynamo_graphs() -> int:
-    import sys
-
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"] if "torch._dynamo" in sys.modules else 0
-
-
 @pytest.mark.slow
-def test_compile_trains_the_same_as_eager_when_it_works(tmp_path, monkeypatch):
+def test_compile_trains_the_same_as_eager_when_it_works(tmp_path):
     """Compiled and eager learner steps give the same run, to float rounding; and with --compile every learner step
-    really ran the compiled function (a silent fallback to eager would make the comparison vacuous). The compiled run
-    has a process of its own; the eager one runs here, counted the same way."""
+    really ran the compiled function (a silent fallback to eager would make the comparison vacuous)."""
     import json
     import subprocess
     import sys
 
     from conftest import fleetrl_env
 
-    # 2048 steps: 4 iterations of 4 epochs of 4 minibatches (CartPole's defaults), so 64 learner steps
-    train = ["train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", "2048", "--env-backend", "sync", "--no-progress"]
-    proc = subprocess.run([sys.executable, "-c", COUNTING_DRIVER, *train, "--compile", "--run-dir", str(tmp_path / "--compile")],
-                          capture_output=True, text=True, timeout=300, env=fleetrl_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "torch.compile failed" not in proc.stderr and "continues eager" not in proc.stderr, proc.stderr[-3000:]
-    assert "compile: learner step compiled in" in proc.stdout, proc.stdout[-3000:]
-    steps = {"--compile": json.loads(proc.stdout.split("learner steps:")[-1])}
-    monkeypatch.setattr(accel, "CompiledStep", CountedStep)
-    monkeypatch.setattr(CountedStep, "calls", {"compiled": 0, "eager": 0})
-    graphs, threads = _dynamo_graphs(), torch.get_num_threads()
-    try:
-        eager = run_fleetrl_in_process(*train, "--no-compile", "--run-dir", str(tmp_path / "--no-compile"))
-    finally:
-        torch.set_num_threads(threads)
-    assert eager.returncode == 0, eager.stderr[-3000:]
-    steps["--no-compile"] = {**CountedStep.calls, "graphs": _dynamo_graphs() - graphs}
-    models = {flag: torch.load(next((tmp_path / flag / "checkpoints").glob("*.pt")), weights_only=True)["model"]
-              for flag in ("--compile", "--no-compile")}
-    # the compiled function ran the 64 steps (and once more for the check that it compiles), eager never
-    assert steps["--compile"]["compiled"] == 64 + 1 and steps["--compile"]["eager"] == 0, steps
+    models, steps = {}, {}
+    for flag in ("--compile", "--no-compile"):
+        # 4096 steps: 8 iterations of 4 epochs of 4 minibatches (CartPole's defaults), so 128 learner steps
+        proc = subprocess.run([sys.executable, "-c", COUNTING_DRIVER, "train", "ppo", "--env-id", "CartPole-v1", flag,
+                               "--total-timesteps", "4096", "--env-backend", "sync", "--run-dir", str(tmp_path / flag),
+                               "--no-progress"], capture_output=True, text=True, timeout=300, env=fleetrl_env())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "torch.compile failed" not in proc.stderr and "continues eager" not in proc.stderr, proc.stderr[-3000:]
+        steps[flag] = json.loads(proc.stdout.split("learner steps:")[-1])
+        models[flag] = torch.load(next((tmp_path / flag / "checkpoints").glob("*.pt")), weights_only=True)["model"]
+        if flag == "--compile":
+            assert "compile: learner step compiled in" in proc.stdout, proc.stdout[-3000:]
+    # the compiled function ran the 128 steps (and once more for the check that it compiles), eager never
+    assert steps["--compile"]["compiled"] == 128 + 1 and steps["--compile"]["eager"] == 0, steps
     assert steps["--compile"]["graphs"] >= 1, f"torch.compile made no graph: the 'compiled' step ran eager ({steps})"
     assert steps["--no-compile"] == {"compiled": 0, "eager": 0, "graphs": 0}, steps
     for name, value in models["--compile"].items():
