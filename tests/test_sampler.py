@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import require_module, run_fleetrl, run_fleetrl_in_process
+from conftest import require_module, run_fleetrl_in_process
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0 and ShmImage-v0
 from fleetrl.algos.ppo import Agent, rollout
 from fleetrl.envs import make_vector_env
@@ -385,8 +385,8 @@ def test_timer_keeps_sampler_thread_phases_out_of_the_trainer_accounting(phase_c
 
 def test_async_batch_with_the_default_backend_picks_one_that_returns_the_first_envs_ready(tmp_path):
     # CartPole alone would run in-process (sync), which has no first-ready batches: auto takes async for --async-batch
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--num-envs", "4", "--async-batch", "2",
-                       "--num-steps", "16", "--total-timesteps", "128", "--run-dir", str(tmp_path / "ok"), timeout=180)
+    proc = run_fleetrl_in_process("train", "ppo", "--env-id", "CartPole-v1", "--no-cuda", "--num-envs", "4", "--async-batch", "2",
+                                  "--num-steps", "16", "--total-timesteps", "128", "--run-dir", str(tmp_path / "ok"))
     assert proc.returncode == 0 and "env backend: async" in proc.stdout and "first-ready batches of 2" in proc.stdout, proc.stderr[-2000:]
 
 
