@@ -8,8 +8,8 @@
     python benchmarks/learning.py --suite cheetah        # SAC and TD3 against CleanRL's loop on HalfCheetah-v5, 50k steps
     python benchmarks/learning.py --suite multiagent     # shared PPO, independent learners, random: simple_spread
 
-Each run is its own process with one torch thread, `--parallel` at a time (2), so a row's seconds are its cost on a
-shared machine, not a speed. A run's score is the best rolling mean of its last `window` episode returns ("best"), or
+Each run is its own process with one torch thread, `--parallel` at a time (2): a row's CPU seconds are its cost, and its
+wall seconds depend on whatever else the machine runs. A run's score is the best rolling mean of its last `window` episode returns ("best"), or
 the mean of its last `window` ("last"); "reached" is the step of the episode at which that rolling mean first met the
 bar, and a run with a bar stops there (`--stop-at-return`) unless its suite compares whole curves. Exit status 1 if a
 check misses its bar on more seeds than it allows.
@@ -18,6 +18,7 @@ check misses its bar on more seeds than it allows.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -25,9 +26,9 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ SPREAD = ["--env-id", "mpe2.simple_spread_v3", "--num-envs", "6"]  # 2 games of 
 PUBLISHED_1M = {"sac": "9,635 ± 1,424", "td3": "9,583 ± 126"}
 
 
-@dataclass
+@dataclasses.dataclass
 class Check:
     """One configuration's runs and how each is scored. ``command`` is `fleetrl train`'s arguments (the algorithm
     first), or ``plain:ALGO`` / ``ippo`` / ``random`` and their flags for the baselines in benchmarks/."""
@@ -145,14 +146,25 @@ def rolling(values: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(values, np.ones(window) / window, mode="valid") if len(values) >= window else np.array([])
 
 
+def measured(argv: list[str]) -> tuple[int, str, float]:
+    """Run ``argv``: its exit status, its stderr, and the CPU seconds it and the children it waited for used (what a
+    run costs; its wall time on a shared machine depends on the other jobs)."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, text=True, env=run_env(), cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return proc.returncode, err.read(), usage.ru_utime + usage.ru_stime
+
+
 def run(check: Check, seed: int, out: Path) -> dict:
     run_dir = check.run_dir(out, seed)
     shutil.rmtree(run_dir, ignore_errors=True)  # afresh: never a resume of an earlier call's run
     started = time.perf_counter()
-    proc = subprocess.run(command(check, seed, run_dir), capture_output=True, text=True, env=run_env(), cwd=ROOT)
-    result = {"check": check.name, "seed": seed, "wall_s": time.perf_counter() - started}
-    if proc.returncode != 0:
-        return {**result, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}", "met": False}
+    returncode, stderr, cpu_s = measured(command(check, seed, run_dir))
+    result = {"check": check.name, "seed": seed, "wall_s": time.perf_counter() - started, "cpu_s": cpu_s}
+    if returncode != 0:
+        return {**result, "error": f"exit {returncode}: {stderr.strip()[-600:]}", "met": False}
     steps, returns = returns_of(run_dir)
     means = rolling(returns, check.window)
     if check.score == "best":
@@ -178,8 +190,8 @@ def needed(check: Check, seeds: int) -> int:
 
 def table(checks: list[Check], results: dict[str, list[dict]], host: str) -> str:
     lines = [f"Host: {host}", "",
-             "| check | algorithm | env | seed | budget | bar | score | reached at step | eval | met | wall s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| check | algorithm | env | seed | budget | bar | score | reached at step | eval | met | wall s | CPU s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for check in checks:
         head, env = check.command[0], check.env
         kind = f"best rolling {check.window}" if check.score == "best" else f"last {check.window}"
@@ -187,16 +199,16 @@ def table(checks: list[Check], results: dict[str, list[dict]], host: str) -> str
         for r in results[check.name]:
             if "error" in r:
                 lines.append(f"| {check.name} | {head} | {env} | {r['seed']} | {check.budget:,} | {bar} | failed: {r['error'][:120]} | | | no | "
-                             f"{r['wall_s']:.0f} |")
+                             f"{r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
                 continue
             reached = f"{r['reached_at']:,}" if r["reached_at"] is not None else "-"
             ev = f"{r['eval_return']:.0f} vs {r['last_training']:.0f}" if "eval_return" in r else ""
             lines.append(f"| {check.name} | {head} | {env} | {r['seed']} | {check.budget:,} | {bar} | {r['score']:.1f} ({kind}) | {reached} | "
-                         f"{ev} | {'yes' if r['met'] else 'no'} | {r['wall_s']:.0f} |")
+                         f"{ev} | {'-' if check.bar is None else 'yes' if r['met'] else 'no'} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
         if len(results[check.name]) > 1 and check.bar is not None:
             met = sum(r["met"] for r in results[check.name])
             lines.append(f"| **{check.name}** | {met} of {len(results[check.name])} met, {needed(check, len(results[check.name]))} needed | "
-                         "| | | | | | | | |")
+                         "| | | | | | | | | |")
     notes = [f"- {c.name}: {c.note}" for c in checks if c.note]
     return "\n".join(lines + ([""] + notes if notes else []))
 
@@ -271,6 +283,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated check names of the suite: " + "; ".join(
         f"{s}: {','.join(c.name for c in CHECKS if s in c.suites)}" for s in SUITES))
     parser.add_argument("--seeds", type=seed_list, help="seeds for every check, e.g. 1-3 or 1,4 (default: each check's own)")
+    parser.add_argument("--steps", type=int, help="one budget for every run instead of each check's own (a quick try)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at the same time, one torch thread each")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "learning", help="the runs' folders (each started afresh)")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
@@ -283,6 +296,8 @@ def main() -> None:
         if unknown:
             parser.error(f"--only {','.join(unknown)}: not a check of --suite {opts.suite}; its checks: {', '.join(c.name for c in checks)}")
         checks = [c for c in checks if c.name in names]
+    if opts.steps:
+        checks = [dataclasses.replace(c, budget=opts.steps) for c in checks]
     out = opts.out.resolve() / opts.suite
     jobs = [(check, seed) for check in checks for seed in (opts.seeds or check.seeds)]
     started = time.perf_counter()
