@@ -467,7 +467,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="what", required=True)
     commands = {"learner-start": learner_start, "learner-step": learner_step, "micro": micro, "radam": radam, "startup": startup,
                 "replay-memory": replay_memory, "per": per, "soak": soak, "ceiling": ceiling, "preemption": preemption}
-    p = {name: sub.add_parser(name, help=(fn.__doc__ or "").split(".")[0], description=fn.__doc__) for name, fn in commands.items()}
+    p = {name: sub.add_parser(name, help=(fn.__doc__ or "").split(". ")[0], description=fn.__doc__) for name, fn in commands.items()}
     for name, repeats in (("learner-start", 5), ("learner-step", 3), ("radam", 5), ("startup", 5), ("per", 2000)):
         p[name].add_argument("--repeats", type=int, default=repeats)
     p["learner-start"].add_argument("--nets", default="mlp,cnn", help="mlp (DQN's CartPole network), cnn (the Nature CNN)")
