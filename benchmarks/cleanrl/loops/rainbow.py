@@ -42,10 +42,6 @@ if "EndlessWalk-v0" not in gym.registry:  # (run as a script, this module is imp
     gym.register("EndlessWalk-v0", entry_point=EndlessWalkEnv)
 
 
-if __name__ == "__main__":
-    main()
-
-
 def plain_rainbow(env_id: str, steps: int, learning_starts: int, seed: int, trace: Trace) -> None:
     """CleanRL's rainbow_atari.py loop for ``steps`` env steps with LOCKSTEP's hyperparameters and the module
     docstring's three changes; ``trace`` records it."""
