@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MARKER = "BENCH_RESULT "  # a child's one line of JSON on stdout
-sys.path[:0] = [p for p in (HERE, ROOT) if p not in sys.path]  # this checkout's fleetrl, and the benchmark envs
+# this checkout's fleetrl, the benchmark envs, and CleanRL's files (their loops: `from loops import ppo`)
+sys.path[:0] = [p for p in (HERE, ROOT, os.path.join(HERE, "cleanrl")) if p not in sys.path]
 
 
 def env_with_path(tree: str = ROOT, **extra: str) -> dict[str, str]:

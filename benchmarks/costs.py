@@ -286,7 +286,7 @@ def replay_memory(opts: argparse.Namespace) -> None:
 def per(opts: argparse.Namespace) -> None:
     """Medians of --repeats calls (CleanRL's: --cleanrl-repeats), one thread; both trees hold the same priorities (fleetrl's
     heap is CleanRL's), so both draw the same slots. Memory: a 1M Atari buffer, uniform and prioritised 3-step."""
-    import cleanrl_per
+    import rainbow_atari as cleanrl_per  # CleanRL's prioritised replay, vendored
     import gymnasium as gym
     import numpy as np
     import torch

@@ -100,7 +100,7 @@ CHECKS = [
           stop=False, seeds=(1, 2, 3)),
     Check("ppo-novel", ("memory",), ["ppo", "--env-id", "CartPoleNoVel-v1"], 300_000, None, window=20, score="last", stop=False,
           seeds=(1, 2, 3), note="no bar: it should stay clearly below ppo_lstm"),
-    # --- "cheetah": fleetrl's SAC and TD3 against CleanRL's loop (benchmarks/plain_offpolicy.py), CleanRL's defaults on
+    # --- "cheetah": fleetrl's SAC and TD3 against CleanRL's loop (benchmarks/cleanrl/loops/offpolicy.py), CleanRL's defaults on
     # both sides, mean of the last 10 episodes (HalfCheetah's episodes are 1,000 steps)
     *(Check(f"{algo}-{side}", ("cheetah",), [f"plain:{algo}" if side == "cleanrl" else algo, *CHEETAH], 50_000, None, score="last",
             stop=False, note=f"CleanRL publishes {PUBLISHED_1M[algo]} at 1M (v4)") for algo in ("sac", "td3") for side in ("cleanrl", "fleetrl")),
@@ -233,7 +233,7 @@ def plot(checks: list[Check], out: Path, png: str) -> None:
 
 
 def plain(argv: list[str]) -> None:
-    """In a run's process: CleanRL's loop of SAC or TD3 (benchmarks/plain_offpolicy.py), its returns as JSON."""
+    """In a run's process: CleanRL's loop of SAC or TD3 (benchmarks/cleanrl/loops/offpolicy.py), its returns as JSON."""
     parser = argparse.ArgumentParser()
     parser.add_argument("algo")
     for flag in ("--env-id", "--run-dir"):
@@ -246,8 +246,8 @@ def plain(argv: list[str]) -> None:
     import torch
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(HERE))
-    import plain_offpolicy
+    sys.path.insert(0, str(HERE / "cleanrl"))
+    from loops import offpolicy as plain_offpolicy
 
     learning_starts = importlib.import_module(f"fleetrl.algos.{opts.algo}").FAMILY_DEFAULTS["mujoco"]["learning_starts"]  # as fleetrl's side
     returns = getattr(plain_offpolicy, f"plain_{opts.algo}")(opts.env_id, opts.total_timesteps, learning_starts, seed=opts.seed).episode_returns

@@ -1,7 +1,7 @@
 """Training and env speed, side by side on this machine: `python benchmarks/speed.py WHAT [flags]` (each WHAT has --help).
 
-  ppo        fleetrl train ppo against a plain CleanRL-style loop (benchmarks/plain_ppo.py), and the overlap modes
-  offpolicy  fleetrl's DQN, SAC and TD3 against CleanRL's loops (benchmarks/plain_offpolicy.py), the learning phase only
+  ppo        fleetrl train ppo against a plain CleanRL-style loop (benchmarks/cleanrl/loops/ppo.py), and the overlap modes
+  offpolicy  fleetrl's DQN, SAC and TD3 against CleanRL's loops (benchmarks/cleanrl/loops/offpolicy.py), the learning phase only
   train      any `fleetrl train` commands (variants, or one command from an earlier commit): SPS, phases, CPU
   envs       env stepping only (random actions, `fleetrl bench-env`'s measurement) for preset rows of backends and plans
   threads    PPO by torch threads x env workers, the overlap of sampling and learning, OpenMP's wait policy
@@ -129,7 +129,7 @@ def run_plain(spec: dict, mark, seen: dict) -> None:
 
     device = "cuda" if spec["cuda"] and torch.cuda.is_available() else "cpu"
     if spec["algo"] not in ("ppo", "ppo_lstm"):
-        import plain_offpolicy
+        from loops import offpolicy as plain_offpolicy
 
         if spec["plain_threads"]:
             torch.set_num_threads(spec["plain_threads"])
@@ -137,8 +137,8 @@ def run_plain(spec: dict, mark, seen: dict) -> None:
         seen["threads"] = plain_offpolicy.PLAIN[spec["algo"]](spec["env_id"], spec["length"], spec["learning_starts"], seed=1,
                                                               device=device, on_mark=mark).torch_threads
         return
-    from plain_ppo import BREAKOUT as ATARI, CARTPOLE, PlainSpec, plain_ppo
-    from plain_ppo_lstm import BREAKOUT_LSTM, plain_ppo_lstm
+    from loops.ppo import BREAKOUT as ATARI, CARTPOLE, PlainSpec, plain_ppo
+    from loops.ppo_lstm import BREAKOUT_LSTM, plain_ppo_lstm
 
     run, plain = plain_ppo, {BREAKOUT: ATARI, "CartPole-v1": CARTPOLE}.get(spec["env_id"])
     if spec["algo"] == "ppo_lstm":
@@ -193,7 +193,7 @@ def run_fleetrl(spec: dict, mark, seen: dict) -> None:
             args.total_timesteps = spec["length"] * batch
             spec["total"], spec["window_from"] = args.total_timesteps, spec["warmup"] * batch
         else:  # the plain loop's hyperparameters (CleanRL's), given explicitly, so both sides surely run the same ones
-            import plain_offpolicy
+            from loops import offpolicy as plain_offpolicy
 
             hyper = {k: v for k, v in asdict(plain_offpolicy.ARGS[spec["algo"]]()).items() if k not in explicit}
             unknown = sorted(set(hyper) - set(vars(args)))
