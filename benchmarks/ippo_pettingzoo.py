@@ -1,4 +1,4 @@
-"""Independent PPO learners on a PettingZoo game: the baseline of benchmarks/multiagent_learning.py (issue 37).
+"""Independent PPO learners on a PettingZoo game: the baseline of `benchmarks/learning.py --suite multiagent` (issue 37).
 
 CleanRL's ppo.py loop (its Agent, rollout, GAE and clipped update, unchanged in substance), with one network and one
 optimiser per agent: agent k acts on its own rows of fleetrl's vector (``make_vec``: row ``g * A + k`` is agent k of

@@ -1,7 +1,7 @@
 """SAC and TD3: the networks compute what CleanRL's do, and discrete actions are refused. Torchrun replicas, the exact
 resume of all three and a resume that refills the buffer are test_every_algorithm.py's and test_exact_resume.py's (a
 real kill -9 of an off-policy run: test_dqn.py). That both learn (and eval of a SAC checkpoint) is in test_learning.py;
-their full budgets to 950 on InvertedPendulum are benchmarks/learning_budgets.py's."""
+their full budgets to 950 on InvertedPendulum are `benchmarks/learning.py --suite full`'s."""
 
 from __future__ import annotations
 
