@@ -24,7 +24,7 @@ train: setup
 
 # The suite in two passes: the tests marked `serial` (timing- or load-sensitive) first, alone; then the rest in
 # $(TEST_WORKERS) pytest-xdist workers (on 2 cores a third was slower: the suite is CPU-bound; docs/benchmarks.md). Each
-# module's tests stay in one worker (--dist loadscope), so a module-scoped fixture (test_learning's runs) is made once
+# module's tests stay in one worker (--dist loadscope), so a module-scoped fixture (the torchrun job of test_every_algorithm) is made once
 # and the Slurm tests share one cluster. pytest exits 5 when it collected no tests: that is a failure, never a pass.
 TEST_WORKERS ?= 2
 define run_suite
