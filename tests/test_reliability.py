@@ -296,10 +296,13 @@ def test_fleetrl_frames_are_found_by_the_packages_location_not_by_a_folder_named
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, nproc):
-    iterations = 40
+    # short iterations (4 x 16 steps); the stopped run's env sleeps 5 ms a step (0.3 s an iteration however fast the
+    # host), so the signal lands well before its end; the other runs' same env without the sleep gives the same data
+    iterations, batch = 24, 4 * 16
     # fp32 and one thread, not measured and planned: the runs in this process and in their own decide alike
-    train = ["train", "ppo", *STATELESS, "--num-envs", "4", "--total-timesteps", str(iterations * BATCH), "--checkpoint-every", "4",
-             "--precision", "fp32", "--torch-threads", "1"]
+    train = ["train", "ppo", *STATELESS, "--num-envs", "4", "--num-steps", "16", "--total-timesteps", str(iterations * batch),
+             "--checkpoint-every", "4", "--precision", "fp32", "--torch-threads", "1"]
+    slow_train = [SLOW_STATELESS[1] if a == STATELESS[1] else a for a in train]
     # launched as from a clone in a folder named fleetrl, where torchrun's own frames lie under .../fleetrl/.venv
     python = python_in_a_clone_named_fleetrl(tmp_path)
     launcher = torchrun_cmd(nproc, python) if nproc > 1 else [python, "-m", "fleetrl"]
@@ -315,7 +318,7 @@ def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_a
     run("--run-dir", str(tmp_path / "whole"))
 
     stopped_dir = tmp_path / "stopped"
-    proc = subprocess.Popen([*launcher, *train, "--run-dir", str(stopped_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([*launcher, *slow_train, "--run-dir", str(stopped_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=fleetrl_env(), start_new_session=True)
     try:
         wait_for(lambda: checkpoint.list_checkpoints(stopped_dir), proc, what="the first checkpoint")
@@ -331,13 +334,13 @@ def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_a
     assert ("Traceback" not in output) if nproc == 1 else not fleetrl_frames(output), output[-3000:]
     assert output.count("stopped by SIGTERM") == 1, "rank 0 reports the stop once"
     stopped_at = checkpoint.load_checkpoint(stopped_dir)
-    assert 4 * BATCH <= stopped_at["global_step"] < iterations * BATCH
+    assert 4 * batch <= stopped_at["global_step"] < iterations * batch
     assert len(stopped_at["ranks"]) == nproc, "every rank's RNG streams are saved"
 
     run("--resume", "auto", "--run-dir", str(stopped_dir))
     assert_same_learner(final_state(tmp_path / "whole"), final_state(stopped_dir))
     steps = [p.step for p in read_scalars(stopped_dir, "charts/learning_rate")]
-    assert steps == [BATCH * i for i in range(1, iterations + 1)], "every iteration logged exactly once"
+    assert steps == [batch * i for i in range(1, iterations + 1)], "every iteration logged exactly once"
 
 
 @pytest.mark.slow
