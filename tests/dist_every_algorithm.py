@@ -20,7 +20,8 @@ from pathlib import Path
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 OFF_POLICY_SHORT = [*CARTPOLE, "--env-backend", "sync", "--no-progress", "--learning-starts", "1000", "--buffer-size", "2000"]
-PENDULUM = ["--env-id", "InvertedPendulum-v5", "--no-cuda", "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "1600",
+# 800 steps: 200 updates after learning starts, enough for the replicas to part if a gradient went unsynced
+PENDULUM = ["--env-id", "InvertedPendulum-v5", "--no-cuda", "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "800",
             "--learning-starts", "400", "--batch-size", "64"]
 ON_POLICY_SMALL = [*CARTPOLE, "--env-backend", "sync", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
 
@@ -38,29 +39,35 @@ TRAIN: dict[str, list[str]] = {
     "c51": ["c51", *OFF_POLICY_SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200", "--total-timesteps", "1600",
             "--learning-starts", "500"],
     "rainbow": ["rainbow", *OFF_POLICY_SHORT, "--num-envs", "2", "--total-timesteps", "1600", "--learning-starts", "500", "--batch-size", "32"],
-    "sac_discrete": ["sac_discrete", *CARTPOLE, "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "1600",
+    "sac_discrete": ["sac_discrete", *CARTPOLE, "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "800",
                      "--learning-starts", "400", "--batch-size", "64"],
     "sac": ["sac", *PENDULUM],
     "td3": ["td3", *PENDULUM],
     "ddpg": ["ddpg", *PENDULUM],
 }
+# a multi-agent game (tests/fleetrl_test_games) whose agents share PPO's parameters, and its rows' refusal
+LEAVE_EARLY = ["--env-id", "fleetrl_test_games.leave_early", "--no-cuda", "--env-backend", "sync"]
+MULTIAGENT: dict[str, list[str]] = {
+    "ma_ppo": ["ppo", *LEAVE_EARLY, "--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2", "--total-timesteps", str(4 * 128)],
+}
 # refused by every rank, said by one: `fleetrl train` plus these flags
 REFUSED: dict[str, list[str]] = {
     "bad_flag": ["ppo", *CARTPOLE, "--num-envs", "4", "--num-minibatches", "7"],
+    "ma_bad_rows": ["ppo", *LEAVE_EARLY, "--num-envs", "6", "--total-timesteps", "4096"],
 }
 # the compute layer's own checks (tests/dist_*_check.py, test_grad_sync.worker), run in the same job
 CHECKS = ["grad", "adv_norm", "grad_sync", "norm"]
 NORM_TRAIN = ["--env-id", "fleetrl_test_envs:RecordingDrift-v0", "--env-backend", "sync", "--num-envs", "4", "--num-steps", "50",
               "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "400", "--no-cuda"]
-JOBS = [*REFUSED, *CHECKS, *TRAIN]
+JOBS = [*REFUSED, *CHECKS, *TRAIN, *MULTIAGENT]
 
 
 def run_job(name: str, folder: Path) -> None:
     """One job on this rank, in this process; raises or exits (SystemExit) as the job does."""
-    if name in TRAIN or name in REFUSED:
+    if name in TRAIN or name in REFUSED or name in MULTIAGENT:
         from fleetrl.cli import main
 
-        main(["train", *(TRAIN.get(name) or REFUSED[name]), "--run-dir", str(folder / "run")])
+        main(["train", *(TRAIN.get(name) or MULTIAGENT.get(name) or REFUSED[name]), "--run-dir", str(folder / "run")])
     elif name == "grad":
         import dist_grad_check
 

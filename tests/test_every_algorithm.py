@@ -80,7 +80,7 @@ def particular_to(algo: str, run_dir: Path, state: dict) -> None:
         # (fleetrl.distributed.shared_generator), else the noise buffers, and so the replicas, would differ
         assert state["world_size"] == 2 and state["global_step"] == 1600
     elif algo in ("sac_discrete", "sac", "td3", "ddpg"):
-        assert state["global_step"] == 1600 and read_scalars(run_dir, "losses/qf1_loss")
+        assert state["global_step"] == 800 and read_scalars(run_dir, "losses/qf1_loss")
 
 
 @pytest.mark.slow
@@ -101,6 +101,19 @@ def test_a_bad_flag_under_torchrun_is_refused_once_not_by_every_rank(two_ranks):
     statuses = [json.loads((two_ranks / "bad_flag" / f"rank{rank}.json").read_text())["returncode"] for rank in (0, 1)]
     output = "".join((two_ranks / "bad_flag" / f"rank{rank}.log").read_text() for rank in (0, 1))
     assert 0 not in statuses and output.count("fleetrl: error:") == 1 and "--num-minibatches 7" in output, (statuses, output[-3000:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1600)
+def test_torchrun_two_ranks_train_parameter_shared_ppo_to_identical_replicas(two_ranks):
+    # a multi-agent game's agents share PPO's parameters; each rank steps whole games, and the replicas stay equal
+    output = finished(two_ranks, "ma_ppo")
+    assert REPLICAS_IN_SYNC in output, output[-3000:]
+    assert [p.step for p in read_scalars(two_ranks / "ma_ppo" / "run", "losses/policy_loss")] == [128, 256, 384, 512]
+    # 6 agent rows are 3 games of 2 agents, which 2 ranks cannot split into whole games
+    statuses = [json.loads((two_ranks / "ma_bad_rows" / f"rank{rank}.json").read_text())["returncode"] for rank in (0, 1)]
+    output = "".join((two_ranks / "ma_bad_rows" / f"rank{rank}.log").read_text() for rank in (0, 1))
+    assert 0 not in statuses and "multiple of 4" in output, (statuses, output[-3000:])
 
 
 # ------------------------------------------------------------------------------------------ the compute layer

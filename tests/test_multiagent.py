@@ -346,23 +346,6 @@ def test_first_ready_batches_are_whole_games_and_each_agent_keeps_its_trajectory
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_torchrun_two_ranks_train_parameter_shared_ppo_to_identical_replicas(tmp_path):
-    from test_distributed import torchrun
-
-    run_dir = tmp_path / "run"
-    proc = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppo", "--env-id", LEAVE_EARLY, "--no-cuda",
-                    "--env-backend", "sync", "--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2",
-                    "--total-timesteps", str(4 * 128), "--run-dir", str(run_dir), timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "replicas in sync: 2 ranks hold bit-identical parameters" in proc.stdout
-    assert [p.step for p in read_scalars(str(run_dir), "losses/policy_loss")] == [128, 256, 384, 512]
-    bad = torchrun("--standalone", "--nproc_per_node=2", "-m", "fleetrl", "train", "ppo", "--env-id", LEAVE_EARLY, "--no-cuda",
-                   "--env-backend", "sync", "--num-envs", "6", "--total-timesteps", "4096", "--run-dir", str(tmp_path / "bad"), timeout=240)
-    assert bad.returncode != 0 and "multiple of 4" in bad.stderr
-
-
-@pytest.mark.slow
 def test_an_mpe_game_trains_records_video_and_evaluates_per_agent(tmp_path):
     require_module("mpe2")
     run_dir = tmp_path / "run"
