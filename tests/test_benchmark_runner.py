@@ -208,8 +208,9 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     from conftest import fleetrl_env
 
     # CartPole whose steps also sleep 1 ms, stepped one env after another: an iteration of 4 x 128 steps lasts at least
-    # 0.5 s however fast the host is, so a signal sent once the first iteration is logged always lands mid-run
-    out, iterations, env_id = tmp_path / "bench", 12, "fleetrl_test_envs:SlowCartPole-v1"
+    # 0.5 s however fast the host is, so a signal sent once the first iteration is logged lands mid-run: the 7 left
+    # give it over 3 s
+    out, iterations, env_id = tmp_path / "bench", 8, "fleetrl_test_envs:SlowCartPole-v1"
     train = ["fleetrl", "train", "ppo", "--total-timesteps", str(iterations * 512), "--env-backend", "sync",
              "--checkpoint-every", "1000", "--no-cuda"]
     made = run_fleetrl_in_process("benchmark", "--env-ids", env_id, "--num-seeds", "1", "--out", str(out), "--slurm-template", "--", *train)
