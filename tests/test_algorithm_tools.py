@@ -16,14 +16,15 @@ from test_tune import load, tune_args, write_space
 
 pytestmark = pytest.mark.slow
 
-# per algorithm: a tiny CartPole run, and a search space over two of its own flags
+# per algorithm: a tiny CartPole run (ppg: 2 iterations, then one auxiliary phase; ppo_rnd: 2 iterations; sac_discrete:
+# updates from step 250 of 500), and a search space over two of its own flags
 ALGOS = {
-    "ppg": (["--total-timesteps", "1024", "--num-envs", "2", "--num-steps", "128", "--n-iteration", "2", "--e-auxiliary", "1",
+    "ppg": (["--total-timesteps", "512", "--num-envs", "2", "--num-steps", "128", "--n-iteration", "2", "--e-auxiliary", "1",
              "--num-aux-rollouts", "2"],
             "learning-rate: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\nbeta-clone: {type: float, low: 0.5, high: 1.0}\n"),
-    "ppo_rnd": (["--total-timesteps", "1024", "--num-envs", "2", "--num-steps", "128", "--num-iterations-obs-norm-init", "1"],
+    "ppo_rnd": (["--total-timesteps", "512", "--num-envs", "2", "--num-steps", "128", "--num-iterations-obs-norm-init", "1"],
                 "learning-rate: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\nint-coef: {type: float, low: 0.5, high: 1.0}\n"),
-    "sac_discrete": (["--total-timesteps", "1000", "--learning-starts", "300", "--buffer-size", "1000", "--batch-size", "32"],
+    "sac_discrete": (["--total-timesteps", "500", "--learning-starts", "250", "--buffer-size", "500", "--batch-size", "32"],
                      "q-lr: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\ntarget-entropy-scale: {type: float, low: 0.5, high: 0.9}\n"),
 }
 
