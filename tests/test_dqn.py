@@ -176,8 +176,10 @@ def test_dqn_trains_breakout_end_to_end_on_each_backend(tmp_path, backend):
     require_module("ale_py", "atari")
     run_dir = tmp_path / backend
     total = 1000  # 125 updates of the Nature CNN
-    proc = run_fleetrl("train", "dqn", "--env-id", "BreakoutNoFrameskip-v4", "--env-backend", backend, "--total-timesteps", str(total),
-                       "--buffer-size", "1000", "--learning-starts", "500", "--no-cuda", "--run-dir", str(run_dir), timeout=360, threads=2)
+    train = ["train", "dqn", "--env-id", "BreakoutNoFrameskip-v4", "--env-backend", backend, "--total-timesteps", str(total),
+             "--buffer-size", "1000", "--learning-starts", "500", "--no-cuda", "--run-dir", str(run_dir)]
+    # ale's vector env runs its own threads: a real process; sync's envs are plain Python, so here (no torch import)
+    proc = run_fleetrl(*train, timeout=360, threads=2) if backend == "ale" else run_fleetrl_in_process(*train)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == total
     losses = [p.value for p in read_scalars(run_dir, "losses/td_loss")]

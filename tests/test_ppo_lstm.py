@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_fleetrl
+from conftest import run_fleetrl, run_fleetrl_here
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0
 from fleetrl.algos import ppo_lstm
 from fleetrl.envs.vector import SyncVectorEnv
@@ -133,8 +133,8 @@ def test_ppo_lstm_trains_and_evaluates_from_the_command_line(tmp_path):
 def test_ppo_lstm_in_the_benchmark_runner_and_plot(tmp_path):
     # under torchrun: test_every_algorithm.py
     out = tmp_path / "bench"
-    bench = run_fleetrl("benchmark", "--env-ids", "CartPoleNoVel-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out),
-                        "--", "fleetrl", "train", "ppo_lstm", "--total-timesteps", "1024", timeout=300)
+    bench = run_fleetrl_here("benchmark", "--env-ids", "CartPoleNoVel-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out),
+                             "--", "fleetrl", "train", "ppo_lstm", "--total-timesteps", "1024")
     assert bench.returncode == 0 and "CartPoleNoVel-v1" in bench.stdout, bench.stderr[-3000:]
-    plotted = run_fleetrl("plot", str(out), "-o", str(tmp_path / "curves.png"), timeout=120)
+    plotted = run_fleetrl_here("plot", str(out), "-o", str(tmp_path / "curves.png"))
     assert plotted.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, plotted.stderr[-2000:]

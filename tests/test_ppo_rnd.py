@@ -22,7 +22,7 @@ from fleetrl.monitor.tbread import read_scalars
 from fleetrl.sampling.sampler import Sampler
 from fleetrl.monitor.timing import PhaseTimer
 
-from conftest import assert_train_refused, killed_on_exit, require_module, run_fleetrl, start_fleetrl_group, wait_for_checkpoint
+from conftest import assert_train_refused, killed_on_exit, require_module, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -154,7 +154,7 @@ def test_a_real_atari_run_logs_cleanrls_scalars_and_eval_plays_its_policy(tmp_pa
         assert len(read_scalars(run_dir, f"losses/{tag}")) == 4, tag
     curiosity = [p.value for p in read_scalars(run_dir, "charts/curiosity_reward")]
     assert len(curiosity) == 4 and all(np.isfinite(curiosity)) and curiosity[0] > 0
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "1", "--json", timeout=300)
+    evaluated = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json")  # eval's real process: test_eval.py
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
 
