@@ -154,7 +154,7 @@ def test_a_real_atari_run_logs_cleanrls_scalars_and_eval_plays_its_policy(tmp_pa
         assert len(read_scalars(run_dir, f"losses/{tag}")) == 4, tag
     curiosity = [p.value for p in read_scalars(run_dir, "charts/curiosity_reward")]
     assert len(curiosity) == 4 and all(np.isfinite(curiosity)) and curiosity[0] > 0
-    evaluated = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json")  # eval's real process: test_eval.py
+    evaluated = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json")  # eval's real process: test_ppo_runs.py, test_pqn.py, test_c51.py
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
 
