@@ -154,7 +154,8 @@ def test_a_real_atari_run_logs_cleanrls_scalars_and_eval_plays_its_policy(tmp_pa
         assert len(read_scalars(run_dir, f"losses/{tag}")) == 4, tag
     curiosity = [p.value for p in read_scalars(run_dir, "charts/curiosity_reward")]
     assert len(curiosity) == 4 and all(np.isfinite(curiosity)) and curiosity[0] > 0
-    evaluated = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json")  # eval's real process: test_ppo_runs.py, test_pqn.py, test_c51.py
+    # here, in this process: eval's real process is test_ppo_runs.py's, test_pqn.py's and test_c51.py's
+    evaluated = run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
 

@@ -102,7 +102,8 @@ def test_trains_on_atari_frames_with_cleanrls_scalars_and_eval_plays_greedily_an
     assert [name for name in names if read_scalars(run_dir, f"losses/{name}")] == names
     state = checkpoint.load_checkpoint(run_dir)
     assert state["actor"]["network.0.0.weight"].shape == (32, 4, 8, 8), "the Nature CNN on 4 stacked frames"
-    greedy = [run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json") for _ in range(2)]  # eval's real process: test_ppo_runs.py, test_pqn.py, test_c51.py
+    # here, in this process: eval's real process is test_ppo_runs.py's, test_pqn.py's and test_c51.py's
+    greedy = [run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json") for _ in range(2)]
     assert all(p.returncode == 0 for p in greedy), greedy[0].stderr[-3000:]
     assert greedy[0].stdout.splitlines()[-1] == greedy[1].stdout.splitlines()[-1], "greedy eval from the same seed plays the same episode"
 
