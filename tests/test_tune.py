@@ -187,13 +187,13 @@ def test_a_crashing_trial_is_failed_with_its_exit_code_and_log_and_the_study_com
 
 @pytest.mark.slow
 def test_the_median_pruner_stops_a_weak_trial_mid_run(tmp_path):
-    out, total = tmp_path / "out", 8192
+    out, total = tmp_path / "out", 6144
     space = write_space(tmp_path, "learning-rate: {type: categorical, choices: [1.0e-7, 2.5e-3]}\n")
     command = ["fleetrl", "train", "ppo", "--total-timesteps", str(total), "--num-envs", "4", "--num-steps", "128", "--env-backend", "sync"]
-    # a learning trial (2.5e-3) first, then two that cannot learn (1e-7); prune from the first complete trial on.
+    # a learning trial (2.5e-3) first, then one that cannot learn (1e-7); prune from the first complete trial on.
     # CartPole with 1 ms of sleep a step: a run lasts seconds on any machine, so the tuner can catch it mid-run
-    queue_trials(str(out / "study.log"), {"learning-rate": 2.5e-3}, {"learning-rate": 1.0e-7}, {"learning-rate": 1.0e-7})
-    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "3", "--sampler", "random", "--prune-after-trials", "1",
+    queue_trials(str(out / "study.log"), {"learning-rate": 2.5e-3}, {"learning-rate": 1.0e-7})
+    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "2", "--sampler", "random", "--prune-after-trials", "1",
                                              "--prune-warmup", "0", "--report-every", "512", "--out", str(out), space=space,
                                              command=command, env_ids=("fleetrl_test_envs:SlowCartPole-v1",)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
