@@ -68,17 +68,21 @@ class _UsersCopy:
     one on-policy and one off-policy algorithm; every other algorithm's copy trains and evaluates (test_each_copy_...)."""
 
     algo = ""
+    # `fleetrl new` and `python FILE` as processes of their own: once (PPO's copy) is their proof; DQN's runs them here
+    real = False
 
     @pytest.mark.slow
     @pytest.mark.timeout(600)
     def test_the_copy_runs_every_way_a_builtin_does(self, tmp_path):
         algo, name = self.algo, f"my_{self.algo}"
         total = TINY[algo][2]
-        file = copy_of(algo, name, tmp_path, real=True)
+        file = copy_of(algo, name, tmp_path, real=self.real)
 
-        # python FILE (a real process): half the budget; then fleetrl train ./FILE (in this process) resumes it to the whole
+        # python FILE (a real process for PPO's copy): half the budget; then fleetrl train ./FILE (in this process) resumes
+        # it to the whole
         run_dir = tmp_path / "run"
-        first = python(file.name, *train_flags(algo, total // 2, run_dir), cwd=tmp_path)
+        first_flags = train_flags(algo, total // 2, run_dir)
+        first = python(file.name, *first_flags, cwd=tmp_path) if self.real else run_python_file_here(file.name, *first_flags, cwd=tmp_path)
         assert first.returncode == 0, first.stderr[-3000:]
         state = saved(run_dir)
         assert state["algo"] == name and state["global_step"] < total
@@ -132,6 +136,7 @@ def copy_of(algo: str, name: str, folder: Path, real: bool = False) -> Path:
 # a class each, so that the workers of `make test` share them out (pytest-xdist's loadscope)
 class TestACopyOfPPO(_UsersCopy):
     algo = "ppo"
+    real = True
 
 
 class TestACopyOfDQN(_UsersCopy):
