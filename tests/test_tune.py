@@ -92,7 +92,7 @@ def wait_for(condition, timeout: float, what: str) -> None:
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def trainers_in(folder: Path) -> list[psutil.Process]:
@@ -282,12 +282,14 @@ def test_a_killed_tuners_trial_is_failed_as_stale_by_the_next_tuner_and_run_agai
     tuner = start_fleetrl(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--storage", storage, command=LONG))
     wait_for(lambda: list(out.glob("trial_0000/*/events.out.tfevents.*")), 120, "the first trial's run to log")
     tuner.kill()  # SIGKILL: no chance to record anything
+    killed = time.monotonic()
     tuner.communicate(timeout=30)
     wait_for(lambda: not trainers_in(out), 30, "the orphaned run to end (it gets SIGTERM when its tuner dies)")
     (stale,) = load(storage).trials
     assert stale.state == TrialState.RUNNING  # what a killed tuner leaves behind
 
-    time.sleep(3)  # with the seconds since the trial began, longer than --stale-after 3 below without a heartbeat
+    # its last heartbeat came before the kill: 3.5 s after the kill is longer than --stale-after 3 below without one
+    time.sleep(max(0.0, killed + 3.5 - time.monotonic()))
     rerun = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--storage", storage, "--stale-after", "3",
                                               "--trial-timeout", "2", command=LONG))
     assert "Traceback" not in rerun.stderr, rerun.stderr
