@@ -194,8 +194,8 @@ def test_a_two_node_job_stopped_by_usr1_a_requeue_and_a_killed_node_resumes_each
         slurm_cluster, submit_training, tmp_path):
     # One job through every way a job stops, each start resuming where the last left off (its four starts are the cost:
     # each start brings up torchrun and a rank on both nodes). Each stop comes right after a checkpoint (every 2
-    # iterations), the last by iteration ~8: the 8 iterations left take over 10 s, so no stop can land after the end.
-    iterations = 16
+    # iterations), the last by iteration ~6: the 6 iterations left take over 7 s, so no stop can land after the end.
+    iterations = 12
     job, run_dir = submit_training(iterations, "--checkpoint-every", "2", "--torch-deterministic", env_id=SLOW)
     # what it must end as: two processes on one node trained uninterrupted, beside the job (which mostly waits). Stateless-v0
     # is SLOW without its sleep: the same observations and rewards
