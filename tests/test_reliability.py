@@ -382,11 +382,11 @@ def test_sigterm_to_the_whole_process_group_of_an_async_run_checkpoints_without_
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_at_most_the_work_since_the_last_checkpoint(tmp_path):
-    run_dir, iterations = tmp_path / "run", 30
+    run_dir, iterations = tmp_path / "run", 22
     # each step sleeps 1 ms, so an iteration takes at least half a second however fast the host: a life is killed a
     # few iterations after its first new checkpoint, long before the end (plain CartPole's 20k SPS ran a resumed run to
     # its end between two polls): a life trains at most ~4 iterations (one to its new checkpoint, then up to 1.1 s), so
-    # the four end by iteration ~16 and the last run resumes with over 10 left
+    # the four end by iteration ~16 and the last run resumes with several left
     train = ["train", "ppo", "--env-id", "fleetrl_test_envs:SlowCartPole-v1", "--env-backend", "sync", "--no-cuda",
              "--total-timesteps", str(iterations * BATCH), "--checkpoint-every", "1", "--keep-checkpoints", "2", "--resume", "auto",
              "--run-dir", str(run_dir)]
