@@ -4,6 +4,7 @@ costs every process 1.4 s of CPU at its start: fleetrl/optim.py)."""
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 
@@ -198,24 +199,32 @@ def test_radam_refuses_what_its_flat_step_does_not_do():
         opt.step()
 
 
-@pytest.mark.parametrize("algo, flags", [
+PPO_CNN_PROBE = ["ppo", "--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
+                 "--update-epochs", "1", "--total-timesteps", "32", "--precision", "fp32"]
+
+
+@pytest.mark.parametrize("runs", [
     # a CNN at fp32 has a memory format to measure on every CPU (an MLP's only choice, bf16, exists only where the CPU
     # runs bf16 natively), so PPO's precision probe trains here on any host
-    pytest.param("ppo", ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
-                         "--update-epochs", "1", "--total-timesteps", "32", "--precision", "fp32"], id="ppo-cnn-precision-probe",
-                 marks=pytest.mark.cpu_choice),
-    pytest.param("ppo", ["--env-id", "CartPole-v1", "--total-timesteps", "512"], id="ppo-mlp"),
-    pytest.param("dqn", ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "500"], id="dqn"),
-    pytest.param("pqn", ["--env-id", "CartPole-v1", "--total-timesteps", "512"], id="pqn-radam"),
+    pytest.param([PPO_CNN_PROBE], id="ppo-cnn-precision-probe", marks=pytest.mark.cpu_choice),
+    # the three optimizers' algorithms one after another in one process (one torch import, not three); each says
+    # after its run whether torch._dynamo is loaded yet, so the first that imports it is named
+    pytest.param([["ppo", "--env-id", "CartPole-v1", "--total-timesteps", "512"],
+                  ["dqn", "--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "500"],
+                  ["pqn", "--env-id", "CartPole-v1", "--total-timesteps", "512"]], id="ppo-mlp-then-dqn-then-pqn-radam"),
 ])
-def test_a_run_that_does_not_compile_never_imports_torch_dynamo(algo, flags, tmp_path):
+def test_a_run_that_does_not_compile_never_imports_torch_dynamo(runs, tmp_path):
     # in a fresh process with a fresh cache of measured settings, so PPO's precision probe trains too
-    code = ("import sys; from fleetrl.cli import main\n"
-            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('torch._dynamo imported:', 'torch._dynamo' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code, "train", algo, *flags, "--no-cuda", "--no-progress", "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=300, env={**fleetrl_env(1), "FLEETRL_CACHE_DIR": str(tmp_path / "cache")})
+    code = ("import json, sys; from fleetrl.cli import main\n"
+            "for i, argv in enumerate(json.loads(sys.argv[1])):\n"
+            "    try:\n        main(['train', *argv, '--run-dir', f'{sys.argv[2]}/{i}'])\n"
+            "    except SystemExit as e:\n        assert not e.code, (argv, e.code)\n"
+            "    print(argv[0], 'torch._dynamo imported:', 'torch._dynamo' in sys.modules, flush=True)")
+    runs = [[*flags, "--no-cuda", "--no-progress"] for flags in runs]
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(runs), str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=300, env={**fleetrl_env(1), "FLEETRL_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    if "--precision" in flags:  # the precision probe's training steps ran in this process too
+    if runs[0][0] == "ppo" and "--precision" in runs[0]:  # the precision probe's training steps ran in this process too
         assert "precision:" in proc.stdout and "measured" in proc.stdout and "before" not in proc.stdout, proc.stdout
-    assert proc.stdout.strip().endswith("torch._dynamo imported: False"), proc.stdout[-2000:]
+    said = [line for line in proc.stdout.splitlines() if "torch._dynamo imported:" in line]
+    assert said == [f"{flags[0]} torch._dynamo imported: False" for flags in runs], proc.stdout[-2000:]
