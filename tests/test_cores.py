@@ -73,23 +73,33 @@ def two_cores_and_taskset():
 needs_two = pytest.mark.usefixtures("two_cores_and_taskset")
 
 
+# `fleetrl train` then `fleetrl preflight` in one pinned process (one torch import, not two): each must end with status 0,
+# and a line after each divides the output
+TRAIN_THEN_PREFLIGHT = ("import sys; from fleetrl.cli import main\n"
+                        "then = sys.argv.index('--then')\n"
+                        "for argv in (sys.argv[1:then], sys.argv[then + 1:]):\n"
+                        "    try:\n        main(argv)\n"
+                        "    except SystemExit as e:\n        assert not e.code, (argv[0], e.code)\n"
+                        "    print('=== done:', argv[0], flush=True)")
+
+
 @needs_two
 @pytest.mark.slow
-def test_under_taskset_one_core_the_thread_plan_and_the_env_workers_plan_for_one(tmp_path):
-    proc = pinned_to_one_cpu([sys.executable, "-m", "fleetrl", "train", "ppo", "--env-id", "CartPole-v1", "--env-backend", "async",
-                              "--num-envs", "4", "--num-steps", "16", "--total-timesteps", "64", "--no-cuda",
-                              "--run-dir", str(tmp_path / "run"), "--no-progress"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    plan = next(line for line in proc.stdout.splitlines() if line.startswith("threads on"))
+def test_under_taskset_one_core_the_thread_plan_and_the_env_workers_plan_for_one_and_preflight_counts_it(tmp_path):
+    proc = pinned_to_one_cpu([sys.executable, "-c", TRAIN_THEN_PREFLIGHT,
+                              "train", "ppo", "--env-id", "CartPole-v1", "--env-backend", "async", "--num-envs", "4", "--num-steps", "16",
+                              "--total-timesteps", "64", "--no-cuda", "--run-dir", str(tmp_path / "run"), "--no-progress",
+                              "--then", "preflight", "--json", "--seconds", "0.2"])
+    # few cores is a warning of preflight's, not a failure
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    trained, _, rest = proc.stdout.partition("=== done: train\n")
+    plan = next(line for line in trained.splitlines() if line.startswith("threads on"))
     # one CPU in the mask; a cgroup quota (a container's, a Slurm job's), if any, is named beside it
     one_cpu = Cores(usable=1, machine=MACHINE, affinity=1, quota=cgroup_cpu_quota())
     assert plan.startswith(f"threads on {one_cpu.describe()}") and "affinity mask 1 of the machine's" in plan, plan
     assert "1 env worker process" in plan, plan
 
-
-@needs_two
-def test_preflight_counts_the_allocation_under_taskset():
-    proc = pinned_to_one_cpu([sys.executable, "-m", "fleetrl", "preflight", "--json", "--seconds", "0.2"])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # few cores is a warning, not a failure
-    report = json.loads(proc.stdout)
+    preflight, done, _ = rest.partition("=== done: preflight\n")
+    assert done, proc.stdout[-3000:]
+    report = json.loads(preflight)
     assert report["cpu"]["usable"] == 1 and report["cpu"]["affinity"] == 1 and report["cpu"]["cpu_count"] == MACHINE
