@@ -206,10 +206,11 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     from fleetrl.tools.runs import run_name
 
     from conftest import fleetrl_env
+    from fleetrl_test_envs import NO_DELAY_FILE_ENV
 
     # CartPole whose steps also sleep 1 ms, stepped one env after another: an iteration of 4 x 128 steps lasts at least
     # 0.5 s however fast the host is, so a signal sent once the first iteration is logged lands mid-run: the 7 left
-    # give it over 3 s
+    # give it over 3 s. The requeued start, which no signal has to catch, steps without the sleep (NO_DELAY_FILE_ENV)
     out, iterations, env_id = tmp_path / "bench", 8, "fleetrl_test_envs:SlowCartPole-v1"
     train = ["fleetrl", "train", "ppo", "--total-timesteps", str(iterations * 512), "--env-backend", "sync",
              "--checkpoint-every", "1000", "--no-cuda"]
@@ -221,7 +222,9 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.calls\n")
     (bin_dir / "scontrol").chmod(0o755)
-    env = {**fleetrl_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77"}
+    no_delay = tmp_path / "no-delay"
+    env = {**fleetrl_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77",
+           NO_DELAY_FILE_ENV: str(no_delay)}
     name = run_name(env_id, 1)
     run_dir = out / name
 
@@ -246,6 +249,7 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
     assert 0 < stopped_at < iterations * 512, "checkpointed off the cadence, where the warning found it"
     assert not (out / "status" / f"{name}.json").exists(), "a requeued task is not finished"
 
+    no_delay.touch()
     requeued = subprocess.run(["bash", str(script)], env={**env, "SLURM_RESTART_COUNT": "1"}, capture_output=True, text=True, timeout=300)
     assert requeued.returncode == 0, requeued.stdout + requeued.stderr
     log = (out / "logs" / f"{name}.log").read_text()

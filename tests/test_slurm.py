@@ -30,6 +30,7 @@ from fleetrl.tools.returns import final_return
 
 from conftest import (assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_module, require_slurm,
                       run_fleetrl_in_process, skip_unless_ci)
+from fleetrl_test_envs import NO_DELAY_FILE_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = REPO / "docs" / "slurm" / "train.sbatch"
@@ -41,6 +42,7 @@ TRAIN = ["ppo", "--env-id", "fleetrl_test_envs:Stateless-v0", "--env-backend", "
 # so a run stopped right after a checkpoint is stopped well before its end (plain Stateless-v0 at the 20k SPS of a fast host
 # trains 24 iterations in under a second: it could end between two polls)
 SLOW = "fleetrl_test_envs:SlowStateless-v0"
+NO_DELAY = "no-delay"  # once this file is in the test's folder, a start of the job makes SLOW's envs without the sleep
 
 
 @pytest.fixture
@@ -51,7 +53,7 @@ def submit_training(slurm_cluster, tmp_path):
     leaves no job holding the nodes."""
     def submit(iterations: int, *extra: str, env_id: str = "") -> tuple[str, Path]:
         run_dir = tmp_path / "run"
-        env = {**fleetrl_env(), "FLEETRL_PYTHON": sys.executable}
+        env = {**fleetrl_env(), "FLEETRL_PYTHON": sys.executable, NO_DELAY_FILE_ENV: str(tmp_path / NO_DELAY)}
         train = list(TRAIN)
         train[train.index("--env-id") + 1] = env_id or train[train.index("--env-id") + 1]
         job = slurm_cluster.submit(TRAIN_SCRIPT, *train, "--total-timesteps", str(iterations * BATCH), "--run-dir", str(run_dir),
@@ -78,6 +80,13 @@ def wait_for_checkpoint_after(cluster: minicluster.MiniCluster, job: str, run_di
             assert info["JobState"] in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job} is {info['JobState']}:\n{output(cluster, job)}"
         assert time.monotonic() < deadline, f"no checkpoint past step {step} within {timeout} s:\n{output(cluster, job)}"
         time.sleep(0.1)
+
+
+def release_requeued(cluster: minicluster.MiniCluster, job: str) -> None:
+    """Let the requeued (pending) ``job`` start again 2 s from now, not after cred_expire (5 s, the least Slurm takes):
+    the wait is Slurm's, the test is of what the job does when it starts again. Not at once: a start in the second its last
+    credential was revoked is refused, and the job fails (seen here). A job that has already started is left as it is."""
+    cluster.slurm("scontrol", "update", f"JobId={job}", "StartTime=now+2", check=False)
 
 
 def assert_trained_once_to(run_dir: Path, iterations: int) -> None:
@@ -227,6 +236,7 @@ def stopped_by_and_resumed(slurm_cluster: minicluster.MiniCluster, job: str, run
         slurm_cluster.wait_for_job(job, ["PENDING", "RUNNING"], timeout=90,
                                    until=lambda j: j.get("Restarts") == str(restarts + 1) and len(stopped_at(j)) == restarts + 1)
         stops.append(stopped_at(slurm_cluster.job(job))[-1])
+        release_requeued(slurm_cluster, job)
         assert (run_dir / "checkpoints" / f"ckpt_{stops[-1]:012d}.pt").exists(), "the stop wrote a checkpoint of where it stopped"
 
     # 3: node2's training vanishes, launcher and rank, with no goodbye: the job ends with fleetrl's message
@@ -247,8 +257,12 @@ def stopped_by_and_resumed(slurm_cluster: minicluster.MiniCluster, job: str, run
     killed_with = int(checkpoint.load_checkpoint(run_dir)["global_step"])
     assert stops[-1] < killed_with < iterations * BATCH
 
-    # 4: a requeue (the script resumes with --resume auto) trains to the total
+    # 4: a requeue (the script resumes with --resume auto) trains to the total; at full speed, since no stop has to land
+    # in this start (the same steps, without the sleep)
+    (run_dir.parent / NO_DELAY).touch()
     slurm_cluster.slurm("scontrol", "requeue", job)
+    slurm_cluster.wait_for_job(job, ["PENDING", "RUNNING"], timeout=30)
+    release_requeued(slurm_cluster, job)
     info = slurm_cluster.wait_for_job(job, timeout=180, until=lambda j: j.get("Restarts") == "3")
     text = output(slurm_cluster, job)
     assert info["JobState"] == "COMPLETED", text[-3000:]
@@ -325,8 +339,9 @@ def test_a_test_failing_right_after_a_requeue_leaves_the_cluster_empty(slurm_clu
             slurm_cluster.slurm("scontrol", "requeue", job)
             raise RuntimeError("the test's own failure")
     assert not queued_jobs(slurm_cluster), slurm_cluster.slurm("squeue")
-    time.sleep(minicluster.REQUEUE_DELAY_S + 2)  # past the moment the requeued job would have started again
-    assert not queued_jobs(slurm_cluster), slurm_cluster.slurm("squeue")
+    # cancelled for good, not waiting out its requeue delay to start again: Slurm never starts a finished job on its own
+    info = slurm_cluster.job(job)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "1", info
 
 
 @pytest.fixture(scope="module")
