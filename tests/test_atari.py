@@ -82,8 +82,11 @@ def test_ppo_trains_breakout_end_to_end_on_each_backend(tmp_path, backend):
         require_module("envpool", "envpool")
     run_dir = tmp_path / backend
     chosen = [] if backend == "ale" else ["--env-backend", backend]
+    # one epoch of 2 minibatches: what is under test is the backend's data reaching the update, not the update (CleanRL's
+    # 4 x 4 made it most of the test's time)
     proc = run_fleetrl_in_process("train", "ppo", "--env-id", "BreakoutNoFrameskip-v4", *chosen, "--num-envs", "4",
-                                  "--num-steps", "32", "--total-timesteps", "256", "--run-dir", str(run_dir), "--no-cuda")
+                                  "--num-steps", "32", "--update-epochs", "1", "--num-minibatches", "2", "--total-timesteps", "256",
+                                  "--run-dir", str(run_dir), "--no-cuda")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"env backend: {backend}" in proc.stdout
     assert (run_dir / "checkpoints" / "ckpt_000000000256.pt").exists()

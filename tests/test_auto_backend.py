@@ -173,8 +173,10 @@ def test_one_command_and_seed_train_alike_on_a_quiet_and_on_a_loaded_machine(tmp
 
     from fleetrl.monitor.tbread import read_scalars, scalar_tags
 
-    command = ["train", "ppo", "--env-id", BREAKOUT, "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2",
-               "--update-epochs", "2", "--total-timesteps", str(3 * 4 * 32), "--no-cuda", "--no-progress"]
+    # two iterations of one epoch: the second iteration's losses come from the network the first update made, so a
+    # different precision or thread count under load would show there; more updates would only cost the loaded run time
+    command = ["train", "ppo", "--env-id", BREAKOUT, "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+               "--update-epochs", "1", "--total-timesteps", str(2 * 4 * 16), "--no-cuda", "--no-progress"]
     quiet = run_fleetrl(*command, "--run-dir", str(tmp_path / "quiet"), timeout=300, threads=None)
     hogs = _hogs(os.cpu_count() or 2)
     try:

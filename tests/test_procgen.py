@@ -30,8 +30,10 @@ def test_ppo_trains_procgen_with_the_impala_cnn(tmp_path):
         skip_unless_ci("EnvPool's Procgen needs the system Qt 5 GUI library (apt-get install libqt5gui5)",
                        ci_provides=shutil.which("apt-get") is not None)
     run_dir = tmp_path / "coinrun"
+    # one epoch of 2 minibatches: the IMPALA CNN is built and updated; CleanRL's 4 x 4 would only repeat the update
     proc = run_fleetrl_in_process("train", "ppo", "--env-id", "CoinrunEasy-v0", "--num-envs", "4", "--num-steps", "32",
-                                  "--total-timesteps", "256", "--run-dir", str(run_dir), "--no-cuda")  # the CLI's entry, here
+                                  "--update-epochs", "1", "--num-minibatches", "2", "--total-timesteps", "256",
+                                  "--run-dir", str(run_dir), "--no-cuda")  # the CLI's entry, here
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "env backend: envpool" in proc.stdout and "(procgen)" in proc.stdout
     import torch
