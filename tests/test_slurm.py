@@ -29,7 +29,7 @@ from fleetrl.tools.new import template
 from fleetrl.tools.returns import final_return
 
 from conftest import (assert_same_learner, fleetrl_env, killed_on_exit, postgres_server, require_module, require_slurm,
-                      run_fleetrl_in_process, skip_unless_ci)
+                      run_fleetrl_here, run_fleetrl_in_process, skip_unless_ci)
 from fleetrl_test_envs import NO_DELAY_FILE_ENV
 
 REPO = Path(__file__).resolve().parent.parent
@@ -347,25 +347,30 @@ def test_a_test_failing_right_after_a_requeue_leaves_the_cluster_empty(slurm_clu
 @pytest.fixture(scope="module")
 def benchmark_both_ways(slurm_cluster, tmp_path_factory):
     """The same 2-run grid (2 envs x 1 seed) by `fleetrl benchmark --slurm` on the cluster and by a local pool of two
-    workers, at the same time (each is mostly process starts); returns {"slurm"|"local": (process, out folder, seconds)}.
-    The array trains a user's own copy of PPO (`fleetrl new my_ppo --from ppo`, `fleetrl train ./my_ppo.py`), the local pool
-    the built-in: the same code, so the same returns."""
+    workers, at the same time (each is mostly process starts); returns {"slurm"|"local": (result, output, out folder,
+    seconds)}. The array trains a user's own copy of PPO (`fleetrl new my_ppo --from ppo`, `fleetrl train ./my_ppo.py`), the
+    local pool the built-in: the same code, so the same returns. The command that submits and follows the array runs in
+    this process (its tasks are processes on the nodes, and get this environment as sbatch passes it on); the local pool
+    is a process beside it."""
     root = tmp_path_factory.mktemp("benchmark")
     (root / "my_ppo.py").write_text(template("ppo", "my_ppo"))
     env = slurm_cluster.env(fleetrl_env())
-    procs, began = {}, time.monotonic()
+    began = time.monotonic()
     # its array is ended for good however the fixture ends, before its yield too (a benchmark that timed out)
     with jobs_killed_on_exit(slurm_cluster):
-        for way, flags in (("slurm", ["--slurm"]), ("local", ["--workers", "2"])):
-            train = BENCH_TRAIN if way == "local" else ["fleetrl", "train", "./my_ppo.py", *BENCH_TRAIN[3:]]
-            procs[way] = subprocess.Popen([sys.executable, "-m", "fleetrl", "benchmark", *BENCH_GRID, "--out", str(root / way), *flags,
-                                           "--", *train], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                          cwd=root, start_new_session=True)
-        done = {}
-        with killed_on_exit(*procs.values()):
-            for way, proc in procs.items():
-                output = proc.communicate(timeout=300)[0]
-                done[way] = (proc, output, root / way, round(time.monotonic() - began, 1))
+        local = subprocess.Popen([sys.executable, "-m", "fleetrl", "benchmark", *BENCH_GRID, "--out", str(root / "local"), "--workers",
+                                  "2", "--", *BENCH_TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                 cwd=root, start_new_session=True)
+        with killed_on_exit(local):
+            with pytest.MonkeyPatch.context() as here:
+                for name, value in env.items():
+                    if os.environ.get(name) != value:
+                        here.setenv(name, value)
+                slurm = run_fleetrl_here("benchmark", *BENCH_GRID, "--out", str(root / "slurm"), "--slurm", "--", "fleetrl", "train",
+                                         "./my_ppo.py", *BENCH_TRAIN[3:], cwd=root)
+            done = {"slurm": (slurm, slurm.stdout + slurm.stderr, root / "slurm", round(time.monotonic() - began, 1))}
+            output = local.communicate(timeout=300)[0]
+            done["local"] = (local, output, root / "local", round(time.monotonic() - began, 1))
         yield done
 
 
@@ -629,7 +634,7 @@ def test_an_array_record_without_a_job_id_is_one_paragraph(slurm_cluster, tmp_pa
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_tune_array_of_two_tuners_over_both_nodes_records_exactly_the_studys_three_trials_in_postgresql_on_the_bridge(
-        slurm_cluster, own_jobs_killed, tmp_path, monkeypatch):
+        slurm_cluster, own_jobs_killed, child_env, tmp_path, monkeypatch):
     optuna = require_module("optuna", "tune")
     from sqlalchemy.engine import make_url
 
@@ -647,12 +652,14 @@ def test_a_tune_array_of_two_tuners_over_both_nodes_records_exactly_the_studys_t
             monkeypatch.setenv("PGPASSWORD", password)
         began = time.monotonic()
         (tmp_path / "my_ppo.py").write_text(template("ppo", "my_ppo"))  # a user's own algorithm file, tuned on the nodes
-        # 3 trials for 2 tuners: a count kept by each tuner would make 4 or 6. A trial is 2 iterations of 2 envs x 128 steps
-        proc = subprocess.run([sys.executable, "-m", "fleetrl", "tune", "--env-ids", "CartPole-v1", "--search", str(space),
-                               "--study-name", "across", "--trials", "3", "--storage", url, "--out", str(tmp_path / "out"), "--slurm",
-                               "--slurm-workers", "2", "--slurm-cpus-per-task", "1", "--", "fleetrl", "train", "./my_ppo.py",
-                               "--total-timesteps", "512", "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync"],
-                              capture_output=True, text=True, timeout=360, env=slurm_cluster.env(fleetrl_env()), cwd=tmp_path)
+        # 3 trials for 2 tuners: a count kept by each tuner would make 4 or 6. A trial is 2 iterations of 2 envs x 128 steps.
+        # The command that submits and follows runs in this process (the tuners and trials are processes on the nodes);
+        # its tasks get this environment, as sbatch passes it on
+        monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+        proc = run_fleetrl_here("tune", "--env-ids", "CartPole-v1", "--search", str(space), "--study-name", "across", "--trials", "3",
+                                "--storage", url, "--out", str(tmp_path / "out"), "--slurm", "--slurm-workers", "2",
+                                "--slurm-cpus-per-task", "1", "--", "fleetrl", "train", "./my_ppo.py", "--total-timesteps", "512",
+                                "--num-envs", "2", "--num-steps", "128", "--env-backend", "sync", cwd=tmp_path)
         print(f"tune array of 2 tuners, 3 trials: {time.monotonic() - began:.1f} s")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert not password or password not in (tmp_path / "out" / "tune.slurm").read_text()
