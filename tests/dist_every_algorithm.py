@@ -20,26 +20,29 @@ from pathlib import Path
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 OFF_POLICY_SHORT = [*CARTPOLE, "--env-backend", "sync", "--no-progress", "--learning-starts", "1000", "--buffer-size", "2000"]
-# 800 steps: 200 updates after learning starts, enough for the replicas to part if a gradient went unsynced
-PENDULUM = ["--env-id", "InvertedPendulum-v5", "--no-cuda", "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "800",
+# 600 steps: 100 updates after learning starts (50 policy updates, the target nets moved after each), where one unsynced
+# gradient would part the replicas' bits at once
+PENDULUM = ["--env-id", "InvertedPendulum-v5", "--no-cuda", "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "600",
             "--learning-starts", "400", "--batch-size", "64"]
 ON_POLICY_SMALL = [*CARTPOLE, "--env-backend", "sync", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
 
 # each algorithm's training under 2 ranks: `fleetrl train` plus these flags (the run folder is added)
 TRAIN: dict[str, list[str]] = {
     # the default backend: every env step of both ranks lands in a logged episode
-    "ppo": ["ppo", *CARTPOLE, "--total-timesteps", str(8 * 512)],
+    "ppo": ["ppo", *CARTPOLE, "--total-timesteps", str(4 * 512)],
     "ppo_lstm": ["ppo_lstm", "--env-id", "CartPoleNoVel-v1", "--no-cuda", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
                  "--total-timesteps", "256"],
     "ppo_rnd": ["ppo_rnd", *ON_POLICY_SMALL, "--num-iterations-obs-norm-init", "2", "--total-timesteps", str(4 * 128)],
     "ppg": ["ppg", *ON_POLICY_SMALL, "--n-iteration", "2", "--e-auxiliary", "2", "--num-aux-rollouts", "4",
             "--total-timesteps", str(4 * 128)],
     "pqn": ["pqn", *ON_POLICY_SMALL, "--no-progress", "--precision", "fp32", "--total-timesteps", str(4 * 128)],
-    "dqn": ["dqn", *OFF_POLICY_SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200", "--total-timesteps", "6000"],
+    # 2400 steps: each rank's 1000-transition shard wraps (1200 steps each), 140 updates, 7 target copies
+    "dqn": ["dqn", *OFF_POLICY_SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200", "--total-timesteps", "2400"],
     "c51": ["c51", *OFF_POLICY_SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200", "--total-timesteps", "1600",
             "--learning-starts", "500"],
     "rainbow": ["rainbow", *OFF_POLICY_SHORT, "--num-envs", "2", "--total-timesteps", "1600", "--learning-starts", "500", "--batch-size", "32"],
-    "sac_discrete": ["sac_discrete", *CARTPOLE, "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "800",
+    # 50 updates and the target copy at step 500
+    "sac_discrete": ["sac_discrete", *CARTPOLE, "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "600",
                      "--learning-starts", "400", "--batch-size", "64"],
     "sac": ["sac", *PENDULUM],
     "td3": ["td3", *PENDULUM],
