@@ -24,7 +24,8 @@ from fleetrl.tools.tune.study import counted
 from fleetrl.tools.tune.train_command import Algo, command_sets
 from fleetrl.tools.tune.trials import Outcome, TrialRun, stop_trial_runs
 
-POLL_S = 1.0  # how often a trial's processes and TensorBoard logs are checked
+POLL_S = 0.2  # how often a trial's processes and new TensorBoard records are checked: an ended or weak run is seen soon
+STATUS_S = 1.0  # how often the status line re-reads the study's trials (a query of the whole study on a shared database)
 
 
 class Tuner:
@@ -61,7 +62,7 @@ class Tuner:
         try:
             for worker in workers:
                 worker.start()
-            said, killed = False, False
+            said, killed, shown = False, False, 0.0
             while any(w.is_alive() for w in workers):
                 if self.stop.is_set() and not said:
                     said = True
@@ -73,7 +74,9 @@ class Tuner:
                         for run in self._live:
                             if run.proc is not None:
                                 signal_group(run.proc, signal.SIGKILL)
-                self.show_status()
+                if time.monotonic() - shown >= STATUS_S:
+                    self.show_status()
+                    shown = time.monotonic()
                 for w in workers:
                     w.join(timeout=POLL_S / len(workers))
         finally:
