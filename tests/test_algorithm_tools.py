@@ -1,7 +1,8 @@
 """The tools work for the algorithms of issue 36 as for PPO: `fleetrl benchmark` runs their seeds and prints the
 interval summary, `fleetrl plot` and `fleetrl compare` read those runs, and `fleetrl tune` passes a trial's values to
 their flags. (eval, torchrun, resume and SIGTERM are each algorithm's own test file's; `--slurm` is the benchmark
-runner's, whatever the command.) The tools run in this process; the runs they start are real `fleetrl train` processes."""
+runner's, whatever the command; several trials at once are test_tune's, and the bootstrap's own checks test_stats's,
+so 100 resamples do here.) The tools run in this process; the runs they start are real `fleetrl train` processes."""
 
 from __future__ import annotations
 
@@ -35,22 +36,26 @@ def test_benchmark_plot_compare_and_tune_run_the_algorithm(tmp_path, algo, child
     flags, space = ALGOS[algo]
     command = ["fleetrl", "train", algo, *flags, "--env-backend", "sync"]
     out = tmp_path / "bench"
-    bench = run_fleetrl_here("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out), "--", *command)
+    # 100 resamples (the least allowed), not 2,000: the intervals' bootstrap was most of this test's own CPU
+    bench = run_fleetrl_here("benchmark", "--env-ids", "CartPole-v1", "--num-seeds", "2", "--workers", "2", "--bootstrap-reps", "100",
+                             "--out", str(out), "--", *command)
     assert bench.returncode == 0, bench.stdout + bench.stderr
     assert "| CartPole-v1 | return | 2 |" in bench.stdout and "IQM [95% CI]" in bench.stdout
 
     plot = run_fleetrl_here("plot", str(out), "-o", str(tmp_path / "curves.png"))
     assert plot.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, plot.stderr[-3000:]
     shutil.copytree(out, tmp_path / "same")  # a second configuration of the same runs: P(a > b) is one half
-    compare = run_fleetrl_here("compare", str(out), str(tmp_path / "same"), "--labels", "a", "b", "--out", str(tmp_path / "compare"))
+    compare = run_fleetrl_here("compare", str(out), str(tmp_path / "same"), "--labels", "a", "b", "--bootstrap-reps", "100",
+                               "--out", str(tmp_path / "compare"))
     assert compare.returncode == 0 and "| a | b | 0.500 [" in compare.stdout, compare.stdout + compare.stderr
 
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
-    tune = run_fleetrl_here(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--storage", storage, "--out", str(tmp_path / "tune"),
+    # one trial shows the algorithm's flags reach its trainer; --parallel 2 gives it one thread, as a run beside another
+    tune = run_fleetrl_here(*tune_args(tmp_path, "--trials", "1", "--parallel", "2", "--storage", storage, "--out", str(tmp_path / "tune"),
                                        space=write_space(tmp_path, space), command=command))
     assert tune.returncode == 0, tune.stdout + tune.stderr
     study = load(storage)
-    assert len(study.trials) == 2 and all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert len(study.trials) == 1 and all(t.state == TrialState.COMPLETE for t in study.trials)
     assert f"fleetrl train {algo}" in tune.stdout
     for trial in study.trials:  # each tuned value is what the algorithm's trainer trained with, as its checkpoint saved it
         assert sorted(trial.params) == sorted(line.split(":")[0] for line in space.splitlines()), trial.params
