@@ -1,4 +1,5 @@
-"""Monitoring during training: resources, phase timing shares, the windowed SPS, W&B offline."""
+"""Monitoring during training: resources, phase timing shares, the windowed SPS, W&B offline, videos; each run in the
+test's process (issue 46: a process start that imports torch costs about 2.5 s)."""
 
 import os
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 from fleetrl.monitor.tbread import read_scalars, scalar_tags
 from fleetrl.monitor.timing import PhaseTimer
 
-from conftest import fleetrl_env, require_module, run_fleetrl, run_fleetrl_in_process
+from conftest import require_module, run_fleetrl_here, run_fleetrl_in_process
 
 
 def test_phases_nest_without_double_counting_and_each_lap_reports_its_own_iteration(phase_clock):
@@ -39,10 +40,16 @@ def test_phases_nest_without_double_counting_and_each_lap_reports_its_own_iterat
 
 
 @pytest.mark.slow
-def test_training_logs_plausible_resources_and_phase_shares(tmp_path):
+def test_training_logs_plausible_resources_and_phase_shares(tmp_path, monkeypatch):
+    from fleetrl.monitor import logger, trainlog
+    from fleetrl.monitor.resources import ResourceSampler
+
     run_dir = tmp_path / "run"
+    # sampled and logged every 0.1 s, not every second, so a run of 20 iterations (a second or two) logs several of each
+    monkeypatch.setattr(logger, "MONITOR_INTERVAL_S", 0.1)
+    monkeypatch.setattr(trainlog, "ResourceSampler", lambda interval, **kwargs: ResourceSampler(interval=0.1, **kwargs))
     # through the CLI's entry point in this process: the resources sampled are this process's, as they are a trainer's
-    proc = run_fleetrl_in_process("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(80 * 512), "--env-backend",
+    proc = run_fleetrl_in_process("train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(20 * 512), "--env-backend",
                                   "sync", "--run-dir", str(run_dir), "--no-cuda")
     assert proc.returncode == 0, proc.stderr[-3000:]
     tags = scalar_tags(run_dir)
@@ -53,6 +60,7 @@ def test_training_logs_plausible_resources_and_phase_shares(tmp_path):
     assert max(p.value for p in read_scalars(run_dir, "resources/cpu_percent")) > 0
     assert min(p.value for p in read_scalars(run_dir, "resources/rss_mb")) > 50
     shares = {t: [p.value for p in read_scalars(run_dir, t)] for t in tags if t.endswith("_share")}
+    assert len(shares["perf/env_share"]) >= 3, "logged at several iterations"
     for i in range(1, len(shares["perf/env_share"])):  # the first iteration includes warm-up
         assert sum(v[i] for v in shares.values()) == pytest.approx(1.0, abs=0.02)
     assert all(0 <= v <= 1 for values in shares.values() for v in values)  # how small other_share is depends on the machine
@@ -91,19 +99,24 @@ def wandb_offline_history(run_file: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 @pytest.mark.slow
-def test_track_with_wandb_offline_holds_each_tensorboard_scalar_once(tmp_path):
+def test_track_with_wandb_offline_holds_each_tensorboard_scalar_once(tmp_path, monkeypatch):
     require_module("wandb", "track")
-    run_dir = tmp_path / "run"
-    env = fleetrl_env()
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path))
-    import subprocess
-    import sys
+    import wandb
 
+    run_dir = tmp_path / "run"
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
     # one env: no two episodes end at one step (W&B keeps one value per step and key, TensorBoard each of them); the run
-    # folder relative to the working directory, as users give it (W&B saves copies of event files under that path)
-    proc = subprocess.run([sys.executable, "-m", "fleetrl", "train", "ppo", "--num-envs", "1", "--num-steps", "512", "--total-timesteps",
-                           "2048", "--track", "--wandb-project-name", "fleetrl-test", "--run-dir", "run", "--no-cuda", "--no-progress"],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    # folder relative to the working directory, as users give it (W&B saves copies of event files under that path); in
+    # this process, whose W&B service is stopped after, as a process's exit stops it
+    ours = {name for name in os.environ if name.startswith("WANDB_")}
+    try:
+        proc = run_fleetrl_here("train", "ppo", "--num-envs", "1", "--num-steps", "512", "--total-timesteps", "2048", "--track",
+                                "--wandb-project-name", "fleetrl-test", "--run-dir", "run", "--no-cuda", "--no-progress", cwd=tmp_path)
+    finally:
+        wandb.teardown()
+        for name in {name for name in os.environ if name.startswith("WANDB_")} - ours:  # what W&B set for its service
+            os.environ.pop(name)
     assert proc.returncode == 0, proc.stderr[-3000:]
     offline = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1, os.listdir(run_dir)
@@ -131,8 +144,9 @@ def test_capture_video_records_the_scheduled_training_episodes_whole(tmp_path):
     scheduled = {k**3 for k in range(10)}.__contains__  # CleanRL's schedule: episodes 0, 1, 8, 27, ..., 729
 
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "ppo", "--env-id", "CartPole-v1", "--env-backend", "sync", "--num-envs", "1", "--num-steps", "256",
-                       "--total-timesteps", "1024", "--capture-video", "--run-dir", str(run_dir), "--no-cuda", "--no-progress", timeout=300)
+    # in this process (its recorder and pygame's rendering are what is tested, not a process start)
+    proc = run_fleetrl_here("train", "ppo", "--env-id", "CartPole-v1", "--env-backend", "sync", "--num-envs", "1", "--num-steps", "256",
+                            "--total-timesteps", "1024", "--capture-video", "--run-dir", str(run_dir), "--no-cuda", "--no-progress")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lengths = [int(p.value) for p in read_scalars(run_dir, "charts/episodic_length")]
     assert len(lengths) > 27, f"{len(lengths)} episodes: too few to reach the schedule's fourth video"
