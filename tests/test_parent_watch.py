@@ -12,9 +12,9 @@ from conftest import fleetrl_env
 from fleetrl import checkpoint
 from fleetrl.parent_watch import PARENT_PID_ENV
 
-# `fleetrl train` on a slow disk (20 ms a write of up to 8 KiB, each piece in the file as it goes: a DQN checkpoint of
-# CartPole with its replay buffer, some 270 writes, takes over 5 s however fast the host; at 50 ms it took 13 s), watched
-# with a kill 1 s after the SIGTERM instead of 30 s
+# `fleetrl train` on a slow disk (8 ms a write of up to 8 KiB, each piece in the file as it goes: a DQN checkpoint of
+# CartPole with its replay buffer, some 270 writes, takes over 2 s however fast the host, twice the kill's delay; at 20 ms
+# it took 5.4 s), watched with a kill 1 s after the SIGTERM instead of 30 s
 SLOW_DISK_TRAIN = [sys.executable, "-c", """import sys, time
 from fleetrl import checkpoint, parent_watch
 parent_watch.KILL_AFTER_S = 1.0
@@ -25,7 +25,7 @@ def slow_write(self, data):
     for i in range(0, len(view), 8192):
         write(self, view[i:i + 8192])
         self.f.flush()
-        time.sleep(0.02)
+        time.sleep(0.008)
     return len(view)
 
 checkpoint._HashingWriter.write = slow_write
