@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 
 from fleetrl import cli
 
-from conftest import hypothesis_examples, require_module, run_fleetrl
+from conftest import hypothesis_examples, require_module, run_fleetrl, run_fleetrl_here
 
 
 def fuzz(ci: int, full: int) -> settings:
@@ -993,7 +993,8 @@ def test_real_processes_fail_cleanly_or_run_one_iteration_and_write_only_their_r
                        "--run-dir", "run", cwd=cwd, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert {top(p) for p in listing(cwd) - before} == {"run"} and list((cwd / "run" / "checkpoints").glob("ckpt_*.pt"))
-    evaluated = run_fleetrl("eval", "run", "--episodes", "2", "--json", cwd=cwd, timeout=120)
+    # its eval in this process (eval's real process is test_ppo_runs.py's): a relative run folder, in the same cwd
+    evaluated = run_fleetrl_here("eval", "run", "--episodes", "2", "--json", cwd=cwd)
     assert evaluated.returncode == 0 and '"episodes": 2' in evaluated.stdout, evaluated.stdout + evaluated.stderr
     assert {top(p) for p in listing(cwd) - before} == {"run"}
 
