@@ -518,6 +518,10 @@ def test_benchmark_tasks_fail_with_their_exit_code_and_log_a_requeue_keeps_the_l
                                for task, name in ((1, "Finishes-v0"), (2, "Waits-v0"))), 60, "the live view to show both running", follower)
         # a requeue (as a preemption does): SIGTERM, and the task runs again after cred_expire, its log kept
         slurm_cluster.slurm("scontrol", "requeue", f"{job}_1")
+        # once the live view has shown it waiting to start again, it may start 2 s on, not after cred_expire
+        wait_until(lambda: re.search(rf"task {job}_1 \(Finishes-v0 seed 1\): PENDING.*requeued 1x", live.text()), 60,
+                   "the live view to show the task requeued", follower)
+        release_requeued(slurm_cluster, f"{job}_1")
         wait_until(lambda: len(said("Finishes-v0", "started Finishes-v0")) == 2, 60, "the requeued task to start again", follower)
         # a plain scancel ends a task for good: the script's SIGTERM trap no longer requeues it
         slurm_cluster.slurm("scancel", f"{job}_2")
