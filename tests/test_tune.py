@@ -279,38 +279,47 @@ def test_sigterm_stops_the_running_trials_records_them_failed_and_a_rerun_runs_t
     assert study.trials[1].params == interrupted.params and "timeout" in study.trials[1].user_attrs["fail_reason"]
 
 
+def the_next_tuner_fails_them_as_stale_and_runs_them_again(tmp_path: Path, out: Path, storage: str, killed: float, command: list[str]) -> None:
+    """The study's trials are RUNNING, left by a tuner SIGKILLed at ``killed`` (time.monotonic()). A tuner started 3.5 s
+    after the kill (the last heartbeat came before it: longer than --stale-after 3 without one) fails each as stale and
+    runs its retry, with the same parameters; --trial-timeout then ends each retry."""
+    stale = load(storage).trials
+    assert stale and all(t.state == TrialState.RUNNING for t in stale), [t.state for t in stale]  # what a killed tuner leaves
+    time.sleep(max(0.0, killed + 3.5 - time.monotonic()))
+    n = str(len(stale))
+    rerun = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", n, "--parallel", n, "--out", str(out), "--storage", storage,
+                                              "--stale-after", "3", "--trial-timeout", "0.5", command=command))
+    assert "Traceback" not in rerun.stderr, rerun.stderr
+    trials = load(storage).trials
+    assert [t.state for t in trials] == [TrialState.FAIL] * (2 * len(stale)), rerun.stdout  # stale, then the retries' timeouts
+    retries = trials[len(stale):]
+    assert sorted(t.user_attrs["retry_of"] for t in retries) == [t.number for t in stale]
+    for retry in retries:
+        assert retry.params == stale[retry.user_attrs["retry_of"]].params and "timeout" in retry.user_attrs["fail_reason"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("storage_kind", ["journal", "sqlite"])
-def test_a_killed_tuners_trial_is_failed_as_stale_by_the_next_tuner_and_run_again(tmp_path, storage_kind):
-    out = tmp_path / "out"
-    storage = str(out / "study.log") if storage_kind == "journal" else f"sqlite:///{tmp_path / 'tune.db'}"
+def test_a_killed_tuners_trial_on_sqlite_is_failed_as_stale_by_the_next_tuner_and_run_again(tmp_path):
+    """Optuna's own heartbeat, on an RDB storage; a journal's (the tuner's user attribute): the SIGKILL test below."""
+    out, storage = tmp_path / "out", f"sqlite:///{tmp_path / 'tune.db'}"
     tuner = start_fleetrl(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--storage", storage, command=LONG))
     wait_for(lambda: list(out.glob("trial_0000/*/events.out.tfevents.*")), 120, "the first trial's run to log")
     tuner.kill()  # SIGKILL: no chance to record anything
     killed = time.monotonic()
     tuner.communicate(timeout=30)
     wait_for(lambda: not trainers_in(out), 30, "the orphaned run to end (it gets SIGTERM when its tuner dies)")
-    (stale,) = load(storage).trials
-    assert stale.state == TrialState.RUNNING  # what a killed tuner leaves behind
-
-    # its last heartbeat came before the kill: 3.5 s after the kill is longer than --stale-after 3 below without one
-    time.sleep(max(0.0, killed + 3.5 - time.monotonic()))
-    rerun = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "1", "--out", str(out), "--storage", storage, "--stale-after", "3",
-                                              "--trial-timeout", "0.5", command=LONG))
-    assert "Traceback" not in rerun.stderr, rerun.stderr
-    study = load(storage)
-    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL], rerun.stdout  # stale, then the retry's timeout
-    assert study.trials[1].user_attrs["retry_of"] == 0 and study.trials[1].params == stale.params
+    the_next_tuner_fails_them_as_stale_and_runs_them_again(tmp_path, out, storage, killed, LONG)
 
 
 @pytest.mark.slow
-def test_a_tuner_killed_by_sigkill_leaves_no_process_of_its_trials_behind(tmp_path):
+def test_a_tuner_killed_by_sigkill_leaves_no_process_of_its_trials_behind_and_the_next_fails_them_as_stale_and_runs_them_again(tmp_path):
     """Each run watches its tuner (fleetrl/parent_watch.py): a tuner killed outright stops nothing itself, yet the trainers
     of its running trials, started from its worker threads, end within seconds with a checkpoint, and their env workers
-    with them."""
+    with them. Its trials stay RUNNING in the journal until the next tuner finds them stale."""
     out = tmp_path / "out"
+    storage = str(out / "study.log")
     command = [*LONG[:-1], "async"]  # env worker processes in each run's group, besides the trainer
-    tuner = start_fleetrl(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--out", str(out), command=command))
+    tuner = start_fleetrl(*tune_args(tmp_path, "--trials", "2", "--parallel", "2", "--out", str(out), "--storage", storage, command=command))
     with killed_on_exit(tuner):
         wait_for(lambda: len(list(out.glob("trial_000[01]/*/events.out.tfevents.*"))) == 2, 180, "both trials' runs to log")
         trainers = [p for p in trainers_in(out) if p.pid != tuner.pid]
@@ -328,6 +337,7 @@ def test_a_tuner_killed_by_sigkill_leaves_no_process_of_its_trials_behind(tmp_pa
     print(f"the trials' {len(procs)} processes ended {took:.1f} s after their tuner was killed")
     for log in out.glob("trial_000[01]/*.log"):
         assert "SIGTERM received: writing a checkpoint" in log.read_text()  # stopped by the watcher, as a scheduler stops a run
+    the_next_tuner_fails_them_as_stale_and_runs_them_again(tmp_path, out, storage, killed, command)
 
 
 # ---- the score ----------------------------------------------------------------------------------
