@@ -23,7 +23,7 @@ from fleetrl.algos import ppg
 from fleetrl.errors import FleetError
 from fleetrl.run import StoppedBySignal
 
-from conftest import (assert_train_refused, killed_on_exit, require_module, run_fleetrl, skip_unless_ci, start_fleetrl_group,
+from conftest import (assert_train_refused, killed_on_exit, require_module, run_fleetrl_here, skip_unless_ci, start_fleetrl_group,
                       wait_for_checkpoint)
 from test_procgen import qt5_gui_installed
 
@@ -40,19 +40,25 @@ def require_procgen() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_lockstep_with_cleanrls_ppg_update_code_identical_given_fleetrls_rounding_and_close_without():
-    # benchmarks/vs_cleanrl.py ppg --lockstep: 2 phases of 2 iterations on StarpilotEasy-v0, the policy phase's 8
-    # minibatch steps and the auxiliary phases' 16. Given fleetrl's rounding of two quantities (the whole-batch advantage
-    # normalisation in float64, the log-probabilities without torch.distributions) CleanRL's code gives the same bits;
-    # rounding its own way it parts by 2e-4 (relative, losses) and 1e-3 (absolute, weights: Adam's steps are lr-sized
-    # whatever the gradient, so a near-zero gradient that rounds to the other sign moves its weight by 2 lr)
+def test_lockstep_with_cleanrls_ppg_update_code_identical_given_fleetrls_rounding_and_close_without(monkeypatch):
+    # benchmarks/vs_cleanrl.py ppg --lockstep's job on 2 envs x 16 steps (the benchmark's 4 x 32 took 3x the time): 2
+    # phases of 2 iterations on StarpilotEasy-v0, the policy phase's 8 minibatch steps and the auxiliary phases' 8 (2
+    # epochs of 2 minibatches of the phase's 4 rollouts, each phase). Given fleetrl's rounding of two quantities (the
+    # whole-batch advantage normalisation in float64, the log-probabilities without torch.distributions) CleanRL's code
+    # gives the same bits; rounding its own way it parts by 3e-4 (relative, losses) and 4e-4 (absolute, weights: Adam's
+    # steps are lr-sized whatever the gradient, so a near-zero gradient that rounds to the other sign moves its weight
+    # by 2 lr); at 4 x 32, 9e-4 and 1e-3
     require_procgen()
     from versus import ppg as lockstep
+    from loops.ppg import LOCKSTEP  # the job both sides run (benchmarks/cleanrl/loops/ppg.py)
 
+    for name, value in {"num_envs": 2, "num_steps": 16, "total_timesteps": 4 * 2 * 16}.items():
+        monkeypatch.setitem(LOCKSTEP, name, value)
     verdicts = lockstep.lockstep(SimpleNamespace(env_id="StarpilotEasy-v0", seed=1))
     exact = {name: v for name, v in verdicts.items() if "CleanRL's rounding" not in name}
     assert all(v.startswith("identical") for v in exact.values()), verdicts
-    assert exact["policy-phase losses"] == "identical (8)" and exact["auxiliary losses"] == "identical (16)", verdicts
+    assert exact["policy-phase losses"] == "identical (8)" and exact["auxiliary losses"] == "identical (8)", verdicts
+    assert exact["weights after phase 2"] == "identical (38)", verdicts
     rounded = {name: v for name, v in verdicts.items() if "CleanRL's rounding" in name}
     assert rounded["initial weights, CleanRL's rounding"].startswith("identical"), verdicts
     for name, verdict in rounded.items():
@@ -115,9 +121,10 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
     # the run stops at the end of its iteration: under --stop-rollouts-gb (1 GB; the phase's rollouts are KBs) with a
     # checkpoint (mid-phase: with its stored rollouts), above it (0) mid-phase without one, resuming from the phase's
     # end before; either way the resumed run ends where an uninterrupted one does
+    # the stopped run is the process the signal is sent to; the uninterrupted reference and the resume run in this process
     common = [*PPG_TINY, "--env-id", "fleetrl_test_envs:SlowStateless-v0", "--e-auxiliary", "40", "--total-timesteps", str(12 * 32),
               "--checkpoint-every", "4", "--stop-rollouts-gb", stop_rollouts_gb]
-    whole = run_fleetrl(*common, "--run-dir", str(tmp_path / "whole"), timeout=240)
+    whole = run_fleetrl_here(*common, "--run-dir", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     proc = start_fleetrl_group(*common, "--run-dir", str(tmp_path / "part"))
     with killed_on_exit(proc):
@@ -128,7 +135,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
     assert 4 * 32 <= stopped["global_step"] < 12 * 32
     if stop_rollouts_gb == "0":
         assert stopped["global_step"] % (4 * 32) == 0, "a stop mid-phase above the limit writes no checkpoint"
-    resumed = run_fleetrl(*common, "--run-dir", str(tmp_path / "part"), "--resume", "auto", timeout=240)
+    resumed = run_fleetrl_here(*common, "--run-dir", str(tmp_path / "part"), "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     same_model(tmp_path / "whole", tmp_path / "part")
 
