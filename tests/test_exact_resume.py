@@ -33,6 +33,9 @@ ON_POLICY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "
 PPG = ["ppg", *STATELESS, *ON_POLICY, "--n-iteration", "4", "--e-auxiliary", "2", "--num-aux-rollouts", "2",
        "--total-timesteps", str(12 * 32), "--checkpoint-every", "4"]
 TWIN_Q = (("actor", "qf", "target_actor", "qf_target"), ("q_optimizer", "actor_optimizer"))
+# SAC makes an actor and an alpha update besides each critic update, the costliest per step: 700 steps (400 updates, the
+# stop after 200) reach the same branches, its target updates each step and its policy updates every second
+SAC_OFF_POLICY = [flag if flag != "1000" else "700" for flag in OFF_POLICY]
 
 
 @dataclass
@@ -75,8 +78,8 @@ CASES = {
     "sac_discrete": Case(["sac_discrete", *STATELESS, *OFF_POLICY, "--target-network-frequency", "200"], 600,
                          ("actor", "qf1", "qf2", "qf1_target", "qf2_target"), ("q_optimizer", "actor_optimizer", "a_optimizer"),
                          logged=("losses/alpha_loss", steps(400, 1000, 100))),
-    "sac": Case(["sac", *STATELESS_BOX, *OFF_POLICY], 600, ("actor", "qf", "qf_target"), ("q_optimizer", "actor_optimizer", "a_optimizer"),
-                logged=("losses/qf1_loss", steps(400, 1000, 100))),
+    "sac": Case(["sac", *STATELESS_BOX, *SAC_OFF_POLICY], 500, ("actor", "qf", "qf_target"), ("q_optimizer", "actor_optimizer", "a_optimizer"),
+                logged=("losses/qf1_loss", steps(400, 700, 100))),
     # without --save-buffer the resume refills the buffer and says so, then runs to the end (as after kill -9:
     # test_dqn.py's real SIGKILL)
     "sac_without_its_buffer": Case(["sac", *STATELESS_BOX, *(flag for flag in OFF_POLICY if flag != "--save-buffer")], 600,
@@ -115,15 +118,18 @@ def train(case: Case, run_dir: Path, *more: str):
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_stopped_run_resumed_ends_bit_identical_to_an_uninterrupted_one(tmp_path, monkeypatch, name):
     case = CASES[name]
-    whole = train(case, tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    if case.exact:  # the uninterrupted run to compare with (a resume that refills its buffer is compared with its budget)
+        whole = train(case, tmp_path / "whole")
+        assert whole.returncode == 0, whole.stderr[-3000:]
 
     with monkeypatch.context() as patch:
         patch.setattr(Run, "end_iteration", stopping_at(case.stop_at))
         stopped = train(case, tmp_path / "part")
     assert stopped.returncode != 0 and "stopped by SIGTERM" in stopped.stderr and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     at_stop = checkpoint.load_checkpoint(tmp_path / "part")
-    total = int(checkpoint.load_checkpoint(tmp_path / "whole")["global_step"])
+    budget = int(case.train[case.train.index("--total-timesteps") + 1])
+    total = int(checkpoint.load_checkpoint(tmp_path / "whole")["global_step"]) if case.exact else budget
+    assert total == budget
     if case.mid_phase is None:
         assert case.stop_at <= int(at_stop["global_step"]) < total, "the stopped run checkpointed the iteration it stopped in"
     else:  # PPG's phases are 4 iterations of 32 steps
