@@ -177,20 +177,23 @@ for _id, _kwargs in {
 class StatelessEnv(gym.Env):
     """The same observation every step, reward 1 for action 1, and no episode end: a run that restarts its
     episodes on resume sees exactly what an uninterrupted run sees, so an exact resume gives identical weights.
-    ``delay``: each step also sleeps this long, so a tiny run lasts a known wall time however fast the host is."""
+    ``delay``: each step also sleeps this long (after the env's first ``fast_steps``, which a test that waits for a run's
+    first iteration need not wait out), so a tiny run lasts a known wall time however fast the host is."""
 
-    def __init__(self, delay: float = 0.0):
+    def __init__(self, delay: float = 0.0, fast_steps: int = 0):
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.obs = np.array([0.1, -0.2, 0.3, 0.5], np.float32)
         self.delay = _delay(delay)
+        self.fast_steps, self.steps = fast_steps, 0
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         return self.obs.copy(), {}
 
     def step(self, action):
-        if self.delay:
+        self.steps += 1
+        if self.delay and self.steps > self.fast_steps:
             time.sleep(self.delay)
         return self.obs.copy(), float(action == 1), False, False, {}
 
@@ -212,6 +215,8 @@ class StatelessBoxEnv(StatelessEnv):
 
 gym.register("StatelessBox-v0", entry_point=StatelessBoxEnv)
 gym.register("SlowStateless-v0", entry_point=StatelessEnv, kwargs={"delay": 0.005})
+# each env of a (re)started run steps its first 128 steps (an iteration at --num-steps 128) at full speed, then sleeps 5 ms a step
+gym.register("SlowStatelessAfter128-v0", entry_point=StatelessEnv, kwargs={"delay": 0.005, "fast_steps": 128})
 
 
 # --- env workers that fail (tests/test_worker_restart.py) ----------------------------------------------------------

@@ -41,8 +41,9 @@ BATCH = 4 * 128  # classic control's default batch: 4 envs (2 a rank) x 128 step
 TRAIN = ["ppo", "--env-id", "fleetrl_test_envs:Stateless-v0", "--env-backend", "sync", "--precision", "fp32", "--no-cuda", "--torch-threads", "1"]
 # Stateless-v0 whose steps sleep 5 ms: an iteration (2 envs a rank x 128 steps) takes at least 1.28 s however fast the host,
 # so a run stopped right after a checkpoint is stopped well before its end (plain Stateless-v0 at the 20k SPS of a fast host
-# trains 24 iterations in under a second: it could end between two polls)
-SLOW = "fleetrl_test_envs:SlowStateless-v0"
+# trains 24 iterations in under a second: it could end between two polls). Each start's first iteration is at full speed:
+# no stop has to land in it (the stops follow a checkpoint written at its end or later)
+SLOW = "fleetrl_test_envs:SlowStatelessAfter128-v0"
 NO_DELAY = "no-delay"  # once this file is in the test's folder, a start of the job makes SLOW's envs without the sleep
 
 
