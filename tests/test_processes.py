@@ -8,11 +8,9 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
-import pytest
 
 from fleetrl import processes
 
@@ -57,12 +55,11 @@ TRAINER = """
 import json, os, sys
 from fleetrl import processes
 
-method, module_dir = sys.argv[1], sys.argv[2]
-processes.default_start_method = lambda: method
-ctx = processes.context()
-first = ctx.Process(target=os.getpid)  # the forkserver starts here, where '' cannot find the module
-first.start()
-first.join()
+methods, module_dir = sys.argv[1].split(","), sys.argv[2]
+for method in methods:
+    first = processes.context(method).Process(target=os.getpid)  # the forkserver starts here, where '' cannot find the module
+    first.start()
+    first.join()
 os.chdir(module_dir)  # now '' finds it, in this process
 import child_module_of_the_test as mod
 
@@ -70,10 +67,12 @@ seen = {"me": os.getpid()}
 
 
 def child(kind, start):
-    try:
-        seen[kind] = start()
-    except Exception as exc:
-        seen[kind] = f"{type(exc).__name__}: {exc}"[-800:]
+    for method in methods:  # each kind of child, started each way
+        processes.default_start_method = lambda: method
+        try:
+            seen.setdefault(method, {})[kind] = start()
+        except Exception as exc:
+            seen[method][kind] = f"{type(exc).__name__}: {exc}"[-800:]
 
 
 def env_worker():
@@ -112,26 +111,28 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
-def test_every_kind_of_child_imports_the_trainers_modules_and_ignores_the_stop_signals(tmp_path, method):
+def test_every_kind_of_child_imports_the_trainers_modules_and_ignores_the_stop_signals(tmp_path):
     """The module is found through '' in the trainer's sys.path, in a folder the trainer changed to after multiprocessing
     was imported (and the forkserver started) elsewhere: multiprocessing makes '' that first folder in its children, so a
-    child must take the trainer's path made absolute. Before, gymnasium's workers failed here (ModuleNotFoundError)."""
+    child must take the trainer's path made absolute. Before, gymnasium's workers failed here (ModuleNotFoundError).
+    Both start methods in one trainer process (a process start that imports torch costs about 2.5 s)."""
     start, module_dir = tmp_path / "start", tmp_path / "envs"
     start.mkdir()
     module_dir.mkdir()
     (module_dir / "child_module_of_the_test.py").write_text(CHILD_MODULE)
-    proc = subprocess.run([sys.executable, "-c", TRAINER, method, str(module_dir)], cwd=start, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", TRAINER, "forkserver,spawn", str(module_dir)], cwd=start, capture_output=True, text=True,
                           timeout=300, env=fleetrl_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     me = seen.pop("me")
-    assert sorted(seen) == ["env worker", "gym-async worker", "learner"]
-    for kind, rows in seen.items():
-        assert isinstance(rows, list), f"{kind}: {rows}"
-        for pid, ignores_sigterm, ignores_sigint in rows:
-            assert pid != me, f"{kind} ran in the trainer"
-            assert (ignores_sigterm, ignores_sigint) == (1.0, 1.0), f"{kind} ({method}) must ignore SIGTERM and Ctrl-C"
+    assert sorted(seen) == ["forkserver", "spawn"]
+    for method, kinds in seen.items():
+        assert sorted(kinds) == ["env worker", "gym-async worker", "learner"]
+        for kind, rows in kinds.items():
+            assert isinstance(rows, list), f"{kind} ({method}): {rows}"
+            for pid, ignores_sigterm, ignores_sigint in rows:
+                assert pid != me, f"{kind} ({method}) ran in the trainer"
+                assert (ignores_sigterm, ignores_sigint) == (1.0, 1.0), f"{kind} ({method}) must ignore SIGTERM and Ctrl-C"
 
 
 def test_a_call_in_this_process_changes_nothing_here(tmp_path, monkeypatch):
