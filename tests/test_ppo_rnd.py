@@ -22,7 +22,8 @@ from fleetrl.monitor.tbread import read_scalars
 from fleetrl.sampling.sampler import Sampler
 from fleetrl.monitor.timing import PhaseTimer
 
-from conftest import assert_train_refused, killed_on_exit, require_module, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group, wait_for_checkpoint
+from conftest import (assert_train_refused, killed_on_exit, require_module, run_fleetrl_here, run_fleetrl_in_process, start_fleetrl_group,
+                      wait_for_checkpoint)
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -34,25 +35,29 @@ RND_TINY = ["train", "ppo_rnd", "--env-id", "fleetrl_test_envs:SlowStateless-v0"
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_lockstep_with_cleanrls_start_acting_and_update_code_identical_given_fleetrls_rounding():
-    # benchmarks/vs_cleanrl.py ppo_rnd --lockstep: 3 iterations of 4 Breakout envs x 32 steps, 2 epochs of 2 minibatches,
-    # after a random-action start of one rollout.
+def test_lockstep_with_cleanrls_start_acting_and_update_code_identical_given_fleetrls_rounding(monkeypatch):
+    # benchmarks/vs_cleanrl.py ppo_rnd --lockstep's job on 2 Breakout envs x 16 steps (the benchmark's 4 x 32 took 1.6x
+    # the time): 3 iterations, 2 epochs of 2 minibatches, after a random-action start of one rollout; the rollouts still
+    # hold a point and two lost lives (episode ends for GAE and the intrinsic returns).
     # Given fused Adam and fleetrl's rounding of the log-probabilities and the advantages' normalisation, CleanRL's loss
     # and step give the same bits; rounding its own way it parts by 1e-6 (relative, losses). The advantages differ in
-    # the last bits (2.6e-7 relative): fleetrl's GAE carries the next value in float64 (ppo.gae, which also bootstraps
+    # the last bits (8e-7 relative): fleetrl's GAE carries the next value in float64 (ppo.gae, which also bootstraps
     # at time limits) and scales the intrinsic rewards in float64
     require_module("ale_py", "ale-py")
     from versus import ppo_rnd as lockstep
+    from loops.ppo_rnd import LOCKSTEP  # the job both sides run (benchmarks/cleanrl/loops/ppo_rnd.py)
 
+    for name, value in {"num_envs": 2, "num_steps": 16, "total_timesteps": 3 * 2 * 16}.items():
+        monkeypatch.setitem(LOCKSTEP, name, value)
     verdicts = lockstep.lockstep(SimpleNamespace(env_id="BreakoutNoFrameskip-v4", seed=1))
 
     def within(name: str, bound: float) -> None:
         verdict = verdicts[name]
         assert verdict.startswith("identical") or float(verdict.split("difference ")[1].split()[0]) < bound, (name, verdict)
 
-    # the random-action start, then the acting, step by step as CleanRL's loop acts: the statistics, the intrinsic
-    # values and rewards agree (identical here); the log-probabilities (numpy's, from the logits) and the values (acted
-    # on two envs at a time, CleanRL's on four: a matrix product of other shapes) in the last bits
+    # the random-action start, then the acting, step by step as CleanRL's loop acts: the statistics agree; the
+    # log-probabilities (numpy's, from the logits), the values (acted on half the envs at a time, CleanRL's on all: a
+    # matrix product of other shapes) and the intrinsic values and rewards (8e-7; identical on 4 envs) in the last bits
     within("start's statistics", 1e-9)
     within("intrinsic values", 1e-5)
     within("intrinsic rewards", 1e-5)
@@ -118,8 +123,9 @@ def test_next_obs_gives_each_steps_successor_and_an_episodes_last_observation_wh
 def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
     # the observation and intrinsic-reward statistics and each env's running discount carry over with the model, the
     # optimiser and the RNG streams, and the random-action start is not repeated: the resumed run ends where an
-    # uninterrupted one does (each step sleeps 5 ms, so the SIGTERM lands mid-run)
-    whole = run_fleetrl(*RND_TINY, "--run-dir", str(tmp_path / "whole"), timeout=240)
+    # uninterrupted one does (each step sleeps 5 ms, so the SIGTERM lands mid-run). The stopped run is the process the
+    # signal is sent to; the uninterrupted reference and the resume run in this process
+    whole = run_fleetrl_here(*RND_TINY, "--run-dir", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     proc = start_fleetrl_group(*RND_TINY, "--run-dir", str(tmp_path / "part"))
     with killed_on_exit(proc):
@@ -129,7 +135,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
     stopped = checkpoint.load_checkpoint(tmp_path / "part")
     assert 2 * 32 <= stopped["global_step"] < 12 * 32
     assert stopped["rnd_obs_rms"]["count"] > 2 * 2 * 16 and stopped["ranks"][0]["rnd_reward_filter"]["rewems"].abs().sum() > 0
-    resumed = run_fleetrl(*RND_TINY, "--run-dir", str(tmp_path / "part"), "--resume", "auto", timeout=240)
+    resumed = run_fleetrl_here(*RND_TINY, "--run-dir", str(tmp_path / "part"), "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "random actions" not in resumed.stdout, "a resumed run keeps its statistics"
     first, second = checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(tmp_path / "part")
@@ -145,9 +151,10 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
 def test_a_real_atari_run_logs_cleanrls_scalars_and_eval_plays_its_policy(tmp_path):
     require_module("ale_py", "ale-py")
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "ppo_rnd", "--env-id", "BreakoutNoFrameskip-v4", "--no-cuda", "--num-envs", "4", "--num-steps", "32",
-                       "--num-iterations-obs-norm-init", "1", "--total-timesteps", str(4 * 4 * 32), "--run-dir", str(run_dir),
-                       "--no-progress", timeout=400)
+    # in this process: PPO-RND's training in a process of its own is the SIGTERM test's above
+    proc = run_fleetrl_here("train", "ppo_rnd", "--env-id", "BreakoutNoFrameskip-v4", "--no-cuda", "--num-envs", "4", "--num-steps", "32",
+                            "--num-iterations-obs-norm-init", "1", "--total-timesteps", str(4 * 4 * 32), "--run-dir", str(run_dir),
+                            "--no-progress")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "curiosity: starting the observation statistics with 1 rollouts of random actions" in proc.stdout
     for tag in ("policy_loss", "value_loss", "int_value_loss", "fwd_loss", "entropy", "approx_kl", "old_approx_kl"):
