@@ -15,7 +15,7 @@ from fleetrl.algos import c51
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.nets import categorical_projection
 
-from conftest import assert_train_refused, run_fleetrl
+from conftest import assert_train_refused, run_fleetrl, run_fleetrl_here, run_fleetrl_in_process
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SHORT = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress", "--learning-starts", "1000", "--buffer-size", "2000"]
@@ -135,7 +135,7 @@ def test_bad_input_is_refused_with_a_clear_error_before_anything_runs(tmp_path, 
 
 
 def test_help_gives_cleanrls_flags_and_family_defaults():
-    helped = run_fleetrl("train", "c51", "--help", timeout=60)
+    helped = run_fleetrl_in_process("train", "c51", "--help")  # help's real process: test_dqn.py's
     assert helped.returncode == 0, helped.stderr
     text = " ".join(helped.stdout.replace("│", " ").split())
     for needle in ("--n-atoms", "--v-min", "--v-max", "[101; Atari 51]", "[500; Atari 10000]", "--policy-lag"):
@@ -146,9 +146,11 @@ def test_help_gives_cleanrls_flags_and_family_defaults():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_c51_learns_cartpole_with_cleanrls_defaults_in_40k_steps(tmp_path):
+    # the run stops once 10 games average 150 (seed 1: at step 22,044, 151.0; seed 2: 27,779), so the budget is an upper bound
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "c51", "--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress",
-                       "--total-timesteps", "40000", "--run-dir", str(run_dir), timeout=280)
+    proc = run_fleetrl_here("train", "c51", "--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress",
+                            "--total-timesteps", "40000", "--stop-at-return", "150", "--stop-window", "10", "--torch-threads", "1",
+                            "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     returns = np.array([p.value for p in read_scalars(run_dir, "charts/episodic_return")])
     best = max(returns[i - 10:i].mean() for i in range(10, len(returns) + 1))
@@ -160,11 +162,12 @@ def test_c51_learns_cartpole_with_cleanrls_defaults_in_40k_steps(tmp_path):
 @pytest.mark.timeout(300)
 def test_eval_plays_greedy_with_the_same_returns_for_a_seed(tmp_path):
     run_dir = tmp_path / "run"
-    trained = run_fleetrl("train", "c51", *SHORT, "--total-timesteps", "3000", "--run-dir", str(run_dir), timeout=240)
+    trained = run_fleetrl_here("train", "c51", *SHORT, "--total-timesteps", "3000", "--torch-threads", "1", "--run-dir", str(run_dir))
     assert trained.returncode == 0, trained.stderr[-3000:]
     results = []
-    for _ in range(2):
-        proc = run_fleetrl("eval", str(run_dir), "--episodes", "3", "--seed", "5", "--json", timeout=240)
+    # eval's real process, then the same command in this one: the same seed plays the same games either way
+    for proc in (run_fleetrl("eval", str(run_dir), "--episodes", "3", "--seed", "5", "--json", timeout=240),
+                 run_fleetrl_here("eval", str(run_dir), "--episodes", "3", "--seed", "5", "--json")):
         assert proc.returncode == 0, proc.stderr[-3000:]
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert results[0]["episodes"] == 3 and results[0] == results[1], results
