@@ -18,7 +18,7 @@ from fleetrl import checkpoint
 from fleetrl.algos import sac_discrete
 from fleetrl.monitor.tbread import read_scalars
 
-from conftest import (assert_same_learner, assert_train_refused, killed_on_exit, require_module, run_fleetrl, run_fleetrl_in_process, start_fleetrl_group,
+from conftest import (assert_same_learner, assert_train_refused, killed_on_exit, require_module, run_fleetrl_here, start_fleetrl_group,
                       wait_for_checkpoint)
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
@@ -64,11 +64,12 @@ def test_atari_networks_are_cleanrls_weight_for_weight_from_the_same_seed():
 @pytest.mark.timeout(300)
 def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
     # an env whose episodes never differ, so the resume's fresh episodes are the same; with --save-buffer the replay,
-    # the RNG streams (warm-up draws, action samples, minibatches), alpha and the three Adams carry over
+    # the RNG streams (warm-up draws, action samples, minibatches), alpha and the three Adams carry over. The signal needs
+    # the real process; the uninterrupted run and the resume run here, on the same one thread
     train = ["train", "sac_discrete", "--env-id", "fleetrl_test_envs:Stateless-v0", "--no-cuda", "--env-backend", "sync", "--no-progress",
              "--total-timesteps", "2000", "--learning-starts", "500", "--batch-size", "32", "--target-network-frequency", "300",
-             "--checkpoint-every", "2", "--save-buffer"]
-    whole = run_fleetrl(*train, "--run-dir", str(tmp_path / "whole"), timeout=240)
+             "--checkpoint-every", "2", "--save-buffer", "--torch-threads", "1"]
+    whole = run_fleetrl_here(*train, "--run-dir", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
 
     stopped = tmp_path / "stopped"
@@ -79,7 +80,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
         output = proc.communicate(timeout=60)[0]
     assert proc.returncode != 0 and "stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
     assert int(checkpoint.load_checkpoint(stopped)["global_step"]) < 2000
-    resumed = run_fleetrl(*train, "--resume", "auto", "--run-dir", str(stopped), timeout=240)
+    resumed = run_fleetrl_here(*train, "--resume", "auto", "--run-dir", str(stopped))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole_state, stopped_state = checkpoint.load_checkpoint(tmp_path / "whole"), checkpoint.load_checkpoint(stopped)
     assert_same_learner(whole_state, stopped_state, NETWORKS, OPTIMIZERS)
@@ -93,17 +94,18 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bit_identical_to_an_uninte
 @pytest.mark.timeout(300)
 def test_trains_on_atari_frames_with_cleanrls_scalars_and_eval_plays_greedily_and_repeatably(tmp_path):
     require_module("ale_py", "atari")
+    # here, in this process (train's real process is the SIGTERM test's); 25 updates of the three CNNs, all logged at step 500
     run_dir = tmp_path / "breakout"
-    proc = run_fleetrl("train", "sac_discrete", "--env-id", "BreakoutNoFrameskip-v4", "--no-cuda", "--env-backend", "sync", "--no-progress",
-                       "--total-timesteps", "800", "--learning-starts", "400", "--buffer-size", "1000", "--batch-size", "16",
-                       "--run-dir", str(run_dir), timeout=240)
+    proc = run_fleetrl_here("train", "sac_discrete", "--env-id", "BreakoutNoFrameskip-v4", "--no-cuda", "--env-backend", "sync", "--no-progress",
+                            "--total-timesteps", "500", "--learning-starts", "400", "--buffer-size", "1000", "--batch-size", "16",
+                            "--torch-threads", "1", "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = ["qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss", "alpha", "alpha_loss"]
     assert [name for name in names if read_scalars(run_dir, f"losses/{name}")] == names
     state = checkpoint.load_checkpoint(run_dir)
     assert state["actor"]["network.0.0.weight"].shape == (32, 4, 8, 8), "the Nature CNN on 4 stacked frames"
     # here, in this process: eval's real process is test_ppo_runs.py's, test_pqn.py's and test_c51.py's
-    greedy = [run_fleetrl_in_process("eval", str(run_dir), "--episodes", "1", "--json") for _ in range(2)]
+    greedy = [run_fleetrl_here("eval", str(run_dir), "--episodes", "1", "--json") for _ in range(2)]
     assert all(p.returncode == 0 for p in greedy), greedy[0].stderr[-3000:]
     assert greedy[0].stdout.splitlines()[-1] == greedy[1].stdout.splitlines()[-1], "greedy eval from the same seed plays the same episode"
 
