@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_fleetrl, run_fleetrl_here
+from conftest import run_fleetrl_here
 from envs_for_tests import MakeEnv  # registers ShmCounting-v0
 from fleetrl.algos import ppo_lstm
 from fleetrl.envs.vector import SyncVectorEnv
@@ -121,19 +121,22 @@ def test_eval_carries_the_state_through_an_episode_and_starts_afresh_at_the_next
 
 @pytest.mark.slow
 def test_ppo_lstm_trains_and_evaluates_from_the_command_line(tmp_path):
+    # the CLI's entry point in this process: PPO-LSTM in processes of its own is the benchmark runner's below (and
+    # torchrun's, test_every_algorithm.py); train's and eval's own processes, test_ppo_runs.py's
     run_dir = tmp_path / "run"
-    proc = run_fleetrl("train", "ppo_lstm", "--env-id", "CartPoleNoVel-v1", "--total-timesteps", "2048", "--no-cuda",
-                       "--run-dir", str(run_dir), timeout=300)
+    proc = run_fleetrl_here("train", "ppo_lstm", "--env-id", "CartPoleNoVel-v1", "--total-timesteps", "2048", "--no-cuda",
+                            "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    evaluated = run_fleetrl("eval", str(run_dir), "--episodes", "2", timeout=120)
+    evaluated = run_fleetrl_here("eval", str(run_dir), "--episodes", "2")
     assert evaluated.returncode == 0 and "CartPoleNoVel-v1" in evaluated.stdout, evaluated.stderr[-2000:]
 
 
 @pytest.mark.slow
 def test_ppo_lstm_in_the_benchmark_runner_and_plot(tmp_path):
-    # under torchrun: test_every_algorithm.py
+    # under torchrun: test_every_algorithm.py. One seed: the runner's seeds and workers are test_benchmark_runner.py's,
+    # a plot of two seeds test_plot.py's
     out = tmp_path / "bench"
-    bench = run_fleetrl_here("benchmark", "--env-ids", "CartPoleNoVel-v1", "--num-seeds", "2", "--workers", "2", "--out", str(out),
+    bench = run_fleetrl_here("benchmark", "--env-ids", "CartPoleNoVel-v1", "--num-seeds", "1", "--out", str(out),
                              "--", "fleetrl", "train", "ppo_lstm", "--total-timesteps", "1024")
     assert bench.returncode == 0 and "CartPoleNoVel-v1" in bench.stdout, bench.stderr[-3000:]
     plotted = run_fleetrl_here("plot", str(out), "-o", str(tmp_path / "curves.png"))
