@@ -283,6 +283,17 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180, what: str 
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def until_the_first_progress_line(proc: subprocess.Popen) -> list[str]:
+    """The run's output up to its first progress line, printed after its first iteration: it trains, and its stop
+    handlers are in place. (A run that ends first fails the test on what it printed.)"""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("step "):
+            return seen
+    raise AssertionError(f"the run ended before its first iteration: {''.join(seen)[-3000:]}")
+
+
 def final_state(run_dir) -> dict:
     return checkpoint.load_checkpoint(run_dir)
 
@@ -336,14 +347,17 @@ def test_fleetrl_frames_are_found_by_the_packages_location_not_by_a_folder_named
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, nproc):
+@pytest.mark.parametrize("nproc, stop", [(1, signal.SIGINT), (2, signal.SIGTERM)], ids=["1-ctrl_c", "2-sigterm"])
+def test_a_stop_signal_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, nproc, stop):
+    # Ctrl-C to one process (exit 130), SIGTERM to torchrun, which forwards it to both ranks; SIGTERM to one process is
+    # test_sigterm_to_the_whole_process_group_of_an_async_run's and test_parent_watch.py's.
     # short iterations (4 x 16 steps); the stopped run's env sleeps 5 ms a step (0.3 s an iteration however fast the
     # host), so the signal lands well before its end; the other runs' same env without the sleep gives the same data
     iterations, batch = 24, 4 * 16
-    # fp32 and one thread, not measured and planned: the runs in this process and in their own decide alike
+    # fp32 and one thread, not measured and planned: the runs in this process and in their own decide alike; no
+    # checkpoint on a cadence, so the stopped run's only one is the stop's
     train = ["train", "ppo", *STATELESS, "--num-envs", "4", "--num-steps", "16", "--total-timesteps", str(iterations * batch),
-             "--checkpoint-every", "4", "--precision", "fp32", "--torch-threads", "1"]
+             "--checkpoint-every", "1000", "--precision", "fp32", "--torch-threads", "1"]
     slow_train = [SLOW_STATELESS[1] if a == STATELESS[1] else a for a in train]
     # launched as from a clone in a folder named fleetrl, where torchrun's own frames lie under .../fleetrl/.venv
     python = python_in_a_clone_named_fleetrl(tmp_path)
@@ -359,20 +373,24 @@ def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_a
     proc = subprocess.Popen([*launcher, *slow_train, "--run-dir", str(stopped_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=fleetrl_env(), start_new_session=True)
     try:
-        wait_for(lambda: checkpoint.list_checkpoints(stopped_dir), proc, what="the first checkpoint")
+        seen = until_the_first_progress_line(proc)
         sent = time.time()
-        proc.send_signal(signal.SIGTERM)  # torchrun forwards it to every rank
-        output = proc.communicate(timeout=60)[0]
+        proc.send_signal(stop)  # torchrun forwards it to every rank
+        output = "".join(seen) + proc.communicate(timeout=60)[0]
         assert time.time() - sent < 30, "a preempted run must be gone well within Slurm's and Kubernetes' 30 s"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0 and "stopped by SIGTERM" in output and "--resume auto" in output, output[-3000:]
+    said = {signal.SIGINT: "stopped by Ctrl-C", signal.SIGTERM: "stopped by SIGTERM"}[stop]
+    assert proc.returncode != 0 and said in output and "--resume auto" in output, output[-3000:]
+    if stop == signal.SIGINT:
+        assert proc.returncode == 130, output[-3000:]
     # torchrun itself prints the SignalException it ends on; no traceback may come from fleetrl's ranks
     assert ("Traceback" not in output) if nproc == 1 else not fleetrl_frames(output), output[-3000:]
-    assert output.count("stopped by SIGTERM") == 1, "rank 0 reports the stop once"
-    stopped_at = checkpoint.load_checkpoint(stopped_dir)
-    assert 4 * batch <= stopped_at["global_step"] < iterations * batch
+    assert output.count(said) == 1, "rank 0 reports the stop once"
+    (only,) = checkpoint.list_checkpoints(stopped_dir)  # the stop's, off the cadence
+    stopped_at = checkpoint.load_checkpoint(only)
+    assert batch <= stopped_at["global_step"] < iterations * batch
     assert len(stopped_at["ranks"]) == nproc, "every rank's RNG streams are saved"
 
     if nproc == 1:
@@ -385,34 +403,15 @@ def test_sigterm_checkpoints_at_once_and_the_resumed_run_ends_bit_identical_to_a
 
 
 @pytest.mark.slow
-def test_ctrl_c_checkpoints_and_exits_130(tmp_path):
-    run_dir = tmp_path / "run"
-    # 5 ms a step: an iteration takes 2.5 s however fast the host is, so the signal always lands mid-run
-    proc = start_fleetrl("train", "ppo", *SLOW_STATELESS, "--total-timesteps", str(400 * BATCH), "--checkpoint-every", "1000",
-                         "--run-dir", str(run_dir))
-    try:
-        wait_for(lambda: (run_dir / "checkpoints").exists() or any(run_dir.glob("events.out.tfevents.*")), proc, what="the run to start")
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        output = proc.communicate(timeout=60)[0]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    assert proc.returncode == 130 and "stopped by Ctrl-C" in output and "Traceback" not in output, output[-3000:]
-    assert 0 < checkpoint.load_checkpoint(run_dir)["global_step"] < 400 * BATCH, "the work so far was checkpointed, off the cadence"
-
-
-@pytest.mark.slow
 def test_sigterm_to_the_whole_process_group_of_an_async_run_checkpoints_without_worker_restarts(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "fleetrl", "train", "ppo", *SLOW_STATELESS[:-2], "--env-backend", "async",
                              "--total-timesteps", str(400 * BATCH), "--checkpoint-every", "1000", "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=fleetrl_env(), start_new_session=True)
     try:
-        wait_for(lambda: any(run_dir.glob("events.out.tfevents.*")), proc, what="the run to start")
-        time.sleep(2.0)
+        seen = until_the_first_progress_line(proc)  # the env workers are stepping the second iteration's first steps
         os.killpg(proc.pid, signal.SIGTERM)  # as Slurm does: the trainer and its env workers at once
-        output = proc.communicate(timeout=60)[0]
+        output = "".join(seen) + proc.communicate(timeout=60)[0]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
