@@ -22,7 +22,7 @@ from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
 from fleetrl.run import Run
 
-from conftest import fleetrl_env, killed_on_exit, run_fleetrl
+from conftest import fleetrl_env, killed_on_exit, run_fleetrl_here
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -155,16 +155,6 @@ def test_closing_leaves_no_process_group_threads_for_interpreter_exit_to_tear_do
     assert "gloo" not in threads and "tcpstore" not in threads, threads
 
 
-@pytest.mark.slow
-def test_two_nodes_with_c10d_rendezvous_on_loopback_finish_identically(tmp_path):
-    train = ["-m", "fleetrl", "train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(8 * 512),
-             "--run-dir", str(tmp_path / "run"), "--no-cuda"]
-    nodes = start_two_nodes(train, "fleetrl-test")
-    outputs = finish_all(nodes, timeout=240)
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
-    assert any("replicas in sync: 2 ranks hold bit-identical parameters" in o for o in outputs)
-
-
 def worker_pid(launchers: subprocess.Popen | list[subprocess.Popen], rank: int, timeout=120) -> int:
     """The pid of the global-rank ``rank`` worker among the launchers' children."""
     launchers = launchers if isinstance(launchers, list) else [launchers]
@@ -181,18 +171,25 @@ def worker_pid(launchers: subprocess.Popen | list[subprocess.Popen], rank: int, 
     raise AssertionError(f"no rank {rank} worker found")
 
 
-def wait_for_checkpoint(run_dir, timeout=180):
+def newest_step(run_dir) -> int:
+    """The global step of the run's newest checkpoint (files are renamed into place whole), -1 for none."""
+    return max((int(path.stem.split("_")[1]) for path in checkpoint.list_checkpoints(run_dir)), default=-1)
+
+
+def wait_for_checkpoint(run_dir, after_step: int = -1, timeout=180) -> int:
+    """Wait for a checkpoint past ``after_step``; return its step."""
     deadline = time.time() + timeout
-    while not checkpoint.list_checkpoints(run_dir):
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.2)
+    while newest_step(run_dir) <= after_step:
+        assert time.time() < deadline, f"no checkpoint past step {after_step} appeared"
+        time.sleep(0.1)
+    return newest_step(run_dir)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_killed_rank_ends_the_job_promptly_and_a_restart_resumes_from_the_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    iterations = 32  # the kill comes at the first checkpoint (iteration 4); the rest is the restart's to run
+    iterations = 16  # the kill comes at the first checkpoint (iteration 4); the rest is the restart's to run
     train = ["-m", "fleetrl", "train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", str(iterations * 512),
              "--checkpoint-every", "4", "--run-dir", str(run_dir), "--resume", "auto", "--no-cuda"]
     job = start_torchrun("--standalone", "--nproc_per_node=2", *train)
@@ -208,8 +205,8 @@ def test_a_killed_rank_ends_the_job_promptly_and_a_restart_resumes_from_the_last
     last = checkpoint.load_checkpoint(run_dir)
     assert int(last["iteration"]) < iterations
 
-    # the same command, restarted (here as one process: checkpoints resume at any world size)
-    restarted = run_fleetrl(*train[2:], timeout=600)
+    # the same command, restarted (here as one process, the test's own: checkpoints resume at any world size)
+    restarted = run_fleetrl_here(*train[2:])
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     final = checkpoint.load_checkpoint(run_dir)
     assert int(final["global_step"]) == iterations * 512
@@ -262,18 +259,43 @@ def test_torchrun_max_restarts_with_resume_auto_continues_after_a_killed_rank(tm
     assert_continued_to_the_end(run_dir)
 
 
+def workers(launchers: list[subprocess.Popen], not_among: set[int]) -> dict[str, int]:
+    """The launchers' fleetrl workers, ``{RANK: pid}``, once one of each rank runs whose pid is not in ``not_among`` (the
+    last round's)."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        found = {}
+        for launcher in launchers:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(launcher.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        if child.pid not in not_among and "fleetrl" in " ".join(child.cmdline()):
+                            found.setdefault(child.environ().get("RANK"), child.pid)  # the worker, listed before its children
+        if set(found) == {"0", "1"}:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"no new round of both ranks started (the last round's workers: {sorted(not_among)})")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("victim_rank", [0, 1])
-def test_two_nodes_with_max_restarts_continue_after_a_killed_rank_on_either_node(tmp_path, victim_rank):
-    # each node's torchrun counts its own restarts, so the two nodes' TORCHELASTIC_RESTART_COUNT can differ
+def test_two_nodes_by_c10d_rendezvous_continue_after_a_killed_rank_0_then_a_killed_rank_1_and_finish_identically(tmp_path):
+    # One job, killed twice: its rank 0 (the worker that serves the round's store) at the first checkpoint, then in the
+    # restarted round its rank 1 at the next one. Each node's torchrun counts its own restarts, so the two nodes'
+    # TORCHELASTIC_RESTART_COUNT differ; the third round still meets, resumes, and ends with identical replicas.
     run_dir = tmp_path / "run"
     nodes = start_two_nodes([*RESTART_TRAIN, "--run-dir", str(run_dir)], "fleetrl-restart-test", "--max-restarts=3")
+    killed, seen, step = [], set(), -1
     with killed_on_exit(*nodes):
-        victim = worker_pid(nodes, victim_rank)
-        wait_for_checkpoint(run_dir)
-        os.kill(victim, signal.SIGKILL)
+        for victim_rank in ("0", "1"):
+            round_workers = workers(nodes, not_among=seen)
+            seen |= set(round_workers.values())
+            step = wait_for_checkpoint(run_dir, after_step=step)
+            os.kill(round_workers[victim_rank], signal.SIGKILL)
+            killed.append(step)
         outputs = finish_all(nodes, timeout=240)
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    assert killed[-1] < RESTART_ITERATIONS * 512, f"both kills came before the end: {killed}"
+    assert any("replicas in sync: 2 ranks hold bit-identical parameters" in o for o in outputs), "\n".join(o[-2000:] for o in outputs)
     assert_continued_to_the_end(run_dir)
 
 
