@@ -1,6 +1,9 @@
 """Precision, memory format and compile: acting and learning agree in bf16, channels-last changes nothing but speed,
 a failing compiler falls back to eager, and a bad --precision is refused clearly."""
 
+import re
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -244,31 +247,58 @@ finally:
 """
 
 
+def _dynamo_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"] if "torch._dynamo" in sys.modules else 0
+
+
+def _precision_flag(stdout: str) -> list[str]:
+    """``--precision X`` for the precision a run's start-up line says it chose (whichever: the compared run repeats it)."""
+    return ["--precision", re.search(r"^precision: (fp32|bf16)\b", stdout, re.M).group(1)]
+
+
 @pytest.mark.slow
-def test_compile_trains_the_same_as_eager_when_it_works(tmp_path):
+def test_compile_trains_the_same_as_eager_when_it_works(tmp_path, monkeypatch):
     """Compiled and eager learner steps give the same run, to float rounding; and with --compile every learner step
     really ran the compiled function (a silent fallback to eager would make the comparison vacuous)."""
     import json
     import subprocess
-    import sys
 
-    from conftest import fleetrl_env
+    import fleetrl.accel as accel
+    from conftest import fleetrl_env, run_fleetrl_here
 
-    models, steps = {}, {}
-    for flag in ("--compile", "--no-compile"):
-        # 4096 steps: 8 iterations of 4 epochs of 4 minibatches (CartPole's defaults), so 128 learner steps
-        proc = subprocess.run([sys.executable, "-c", COUNTING_DRIVER, "train", "ppo", "--env-id", "CartPole-v1", flag,
-                               "--total-timesteps", "4096", "--env-backend", "sync", "--run-dir", str(tmp_path / flag),
-                               "--no-progress"], capture_output=True, text=True, timeout=300, env=fleetrl_env())
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "torch.compile failed" not in proc.stderr and "continues eager" not in proc.stderr, proc.stderr[-3000:]
-        steps[flag] = json.loads(proc.stdout.split("learner steps:")[-1])
-        models[flag] = torch.load(next((tmp_path / flag / "checkpoints").glob("*.pt")), weights_only=True)["model"]
-        if flag == "--compile":
-            assert "compile: learner step compiled in" in proc.stdout, proc.stdout[-3000:]
-    # the compiled function ran the 128 steps (and once more for the check that it compiles), eager never
-    assert steps["--compile"]["compiled"] == 128 + 1 and steps["--compile"]["eager"] == 0, steps
-    assert steps["--compile"]["graphs"] >= 1, f"torch.compile made no graph: the 'compiled' step ran eager ({steps})"
-    assert steps["--no-compile"] == {"compiled": 0, "eager": 0, "graphs": 0}, steps
-    for name, value in models["--compile"].items():
-        torch.testing.assert_close(value, models["--no-compile"][name], atol=1e-4, rtol=1e-3)
+    # 2048 steps: 4 iterations of 4 epochs of 4 minibatches (CartPole's defaults), so 64 learner steps; one torch thread
+    # in both runs, as the compiled run's process has
+    train = ["train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", "2048", "--env-backend", "sync", "--no-progress",
+             "--torch-threads", "1"]
+    # compiled in a process of its own, which counts the path of each learner step (torch.compile's graphs stay out of this one)
+    proc = subprocess.run([sys.executable, "-c", COUNTING_DRIVER, *train, "--compile", "--run-dir", str(tmp_path / "compiled")],
+                          capture_output=True, text=True, timeout=300, env=fleetrl_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.compile failed" not in proc.stderr and "continues eager" not in proc.stderr, proc.stderr[-3000:]
+    assert "compile: learner step compiled in" in proc.stdout, proc.stdout[-3000:]
+    steps = json.loads(proc.stdout.split("learner steps:")[-1])
+    # the compiled function ran the 64 steps (and once more for the check that it compiles), eager never
+    assert steps["compiled"] == 64 + 1 and steps["eager"] == 0, steps
+    assert steps["graphs"] >= 1, f"torch.compile made no graph: the 'compiled' step ran eager ({steps})"
+
+    # eager here, in the test's process: no compiled step is built, no graph made
+    built = []
+
+    class NeverBuilt(accel.CompiledStep):
+        def __init__(self, *args, **kwargs):
+            built.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(accel, "CompiledStep", NeverBuilt)
+    graphs = _dynamo_graphs()
+    # at the compiled run's precision: --precision auto measures again here (this process's cache key differs) and, on a
+    # CPU with native bf16, may choose the other one
+    same_precision = _precision_flag(proc.stdout)
+    eager = run_fleetrl_here(*train, "--no-compile", *same_precision, "--run-dir", str(tmp_path / "eager"))
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    assert built == [] and _dynamo_graphs() == graphs, "--no-compile built a compiled step"
+
+    models = {name: torch.load(next((tmp_path / name / "checkpoints").glob("*.pt")), weights_only=True)["model"]
+              for name in ("compiled", "eager")}
+    for name, value in models["compiled"].items():
+        torch.testing.assert_close(value, models["eager"][name], atol=1e-4, rtol=1e-3)
