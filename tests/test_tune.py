@@ -168,50 +168,41 @@ def test_a_trial_on_two_envs_and_two_seeds_gives_every_run_its_values_and_scores
 
 
 @pytest.mark.slow
-def test_a_crashing_trial_is_failed_with_its_exit_code_and_log_and_the_study_completes(tmp_path):
-    out = tmp_path / "out"
-    # a batch of 2 x 128 does not split into 7 minibatches: the trainer refuses it and exits 2
-    space = write_space(tmp_path, "num-minibatches: {type: categorical, choices: [4, 7]}\n")
-    queue_trials(str(out / "study.log"), {"num-minibatches": 7}, {"num-minibatches": 4})
-    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "2", "--sampler", "random", "--out", str(out), space=space))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    study = load(str(out / "study.log"))
-    (failed,) = [t for t in study.trials if t.params["num-minibatches"] == 7]
-    (complete,) = [t for t in study.trials if t.params["num-minibatches"] == 4]
-    assert failed.state == TrialState.FAIL
-    assert failed.user_attrs["exit_code"] == 2
-    assert "--num-minibatches 7" in Path(failed.user_attrs["log"]).read_text()
-    assert "exit code 2" in failed.user_attrs["fail_reason"]
-    assert complete.state == TrialState.COMPLETE
-    assert f"trial {failed.number} failed: CartPole-v1 seed 1: exit code 2" in proc.stdout  # the report, with the log's tail
-    (row,) = [r for r in trials_csv(out) if r["number"] == str(failed.number)]
-    assert row["state"] == "FAIL" and row["exit_code"] == "2" and row["log"] == failed.user_attrs["log"]
-
-
-@pytest.mark.slow
-def test_the_median_pruner_stops_a_weak_trial_mid_run(tmp_path):
+def test_a_crashing_trial_is_failed_with_its_exit_code_and_log_a_weak_one_is_pruned_mid_run_and_the_study_completes(tmp_path):
     out, total = tmp_path / "out", 4096
-    space = write_space(tmp_path, "learning-rate: {type: categorical, choices: [1.0e-7, 2.5e-3]}\n")
+    space = write_space(tmp_path, "learning-rate: {type: categorical, choices: [1.0e-7, 2.5e-3]}\n"
+                                  "num-minibatches: {type: categorical, choices: [4, 7]}\n")
     command = ["fleetrl", "train", "ppo", "--total-timesteps", str(total), "--num-envs", "4", "--num-steps", "128", "--env-backend", "sync"]
-    # a learning trial (2.5e-3) first, then one that cannot learn (1e-7); prune from the first complete trial on.
-    # CartPole with 1 ms of sleep a step: a run lasts seconds on any machine, so the tuner (polling every 0.2 s) can catch
-    # it mid-run. The weak trial falls below the learning one's curve by step 1024-1536 (seen: 18 against 24-30, then 45
-    # at 2048), and its last 2,560 steps still sleep 2.6 s
-    queue_trials(str(out / "study.log"), {"learning-rate": 2.5e-3}, {"learning-rate": 1.0e-7})
-    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "2", "--sampler", "random", "--prune-after-trials", "1",
+    # three trials in turn. A batch of 4 x 128 does not split into 7 minibatches: the trainer refuses the first and exits 2.
+    # Then a learning trial (2.5e-3) and one that cannot learn (1e-7); prune from the first complete trial on (a failed one
+    # does not count). CartPole with 1 ms of sleep a step: a run lasts seconds on any machine, so the tuner (polling every
+    # 0.2 s) can catch it mid-run. The weak trial falls below the learning one's curve by step 1024-1536 (seen: 18 against
+    # 24-30, then 45 at 2048), and its last 2,560 steps still sleep 2.6 s
+    queue_trials(str(out / "study.log"), {"learning-rate": 2.5e-3, "num-minibatches": 7}, {"learning-rate": 2.5e-3, "num-minibatches": 4},
+                 {"learning-rate": 1.0e-7, "num-minibatches": 4})
+    proc = run_fleetrl_in_process(*tune_args(tmp_path, "--trials", "3", "--sampler", "random", "--prune-after-trials", "1",
                                              "--prune-warmup", "0", "--report-every", "512", "--out", str(out), space=space,
                                              command=command, env_ids=("fleetrl_test_envs:SlowCartPole-v1",)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     study = load(str(out / "study.log"))
-    assert study.trials[0].state == TrialState.COMPLETE and study.trials[0].params["learning-rate"] == 2.5e-3
-    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
-    assert pruned, [(t.state, t.intermediate_values) for t in study.trials]
-    for t in pruned:
-        step = t.user_attrs["pruned_at_step"]
-        assert step < total and max(t.intermediate_values) == step
-        (run_dir,) = t.user_attrs["run_dirs"]
-        last = read_scalars(run_dir, "charts/SPS")[-1].step
-        assert last < total, f"trial {t.number}'s run went on to step {last}"  # stopped mid-run, not after it
+    failed, complete, weak = study.trials
+
+    assert failed.state == TrialState.FAIL and failed.params["num-minibatches"] == 7
+    assert failed.user_attrs["exit_code"] == 2
+    assert "--num-minibatches 7" in Path(failed.user_attrs["log"]).read_text()
+    assert "exit code 2" in failed.user_attrs["fail_reason"]
+    # the report, with the log's tail
+    assert f"trial {failed.number} failed: fleetrl_test_envs:SlowCartPole-v1 seed 1: exit code 2" in proc.stdout, proc.stdout
+    (row,) = [r for r in trials_csv(out) if r["number"] == str(failed.number)]
+    assert row["state"] == "FAIL" and row["exit_code"] == "2" and row["log"] == failed.user_attrs["log"]
+
+    assert complete.state == TrialState.COMPLETE and complete.params["learning-rate"] == 2.5e-3
+    assert weak.state == TrialState.PRUNED, [(t.state, t.intermediate_values) for t in study.trials]
+    step = weak.user_attrs["pruned_at_step"]
+    assert step < total and max(weak.intermediate_values) == step
+    (run_dir,) = weak.user_attrs["run_dirs"]
+    last = read_scalars(run_dir, "charts/SPS")[-1].step
+    assert last < total, f"the weak trial's run went on to step {last}"  # stopped mid-run, not after it
     assert "pruned at step" in proc.stdout
 
 
