@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -232,26 +231,26 @@ TWO_RANKS = [*SHORT, "--num-envs", "2", "--batch-size", "64", "--env-backend", "
              "--checkpoint-every", "5", "--keep-checkpoints", "5"]
 
 
-def replay_check(out, run_dir, *flags: str) -> subprocess.CompletedProcess:
-    """A 2-rank DQN job that writes each rank's buffer at every checkpoint and after a resume's restore (dist_replay_check.py)."""
-    out.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(TESTS_DIR / "dist_replay_check.py"), str(out), "train", "dqn", *TWO_RANKS, "--run-dir", str(run_dir), *flags],
-                          capture_output=True, text=True, timeout=280, env=fleetrl_env())
-
-
 @pytest.fixture(scope="module")
-def two_rank_buffer_run(tmp_path_factory):
-    """A 2-rank --save-buffer run to step 3,000, and each rank's buffer as it was at each of its checkpoints."""
-    run_dir, out = tmp_path_factory.mktemp("two-ranks") / "run", tmp_path_factory.mktemp("saved")
-    proc = replay_check(out, run_dir, "--total-timesteps", "3000")
+def two_rank_jobs(tmp_path_factory) -> Path:
+    """One 2-rank launch (dist_replay_check.py) of three jobs in the same two processes: a --save-buffer run to step
+    3,000 (OUT/saved), then resumes to 4,000 of a copy of it (OUT/resumed) and of a copy with rank 1's last shard torn
+    (OUT/torn); OUT/alone/run is another copy, untouched. Each job's folder holds each rank's buffer as it was at each
+    checkpoint and as the resume restored it, and each rank's output and exit status."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(TESTS_DIR / "dist_replay_check.py"), str(out), "3000", "4000", *TWO_RANKS],
+                          capture_output=True, text=True, timeout=400, env=fleetrl_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir, out
+    return out
 
 
-def copy_of(run_dir, tmp_path):
-    """A copy of the module's 2-rank run, for one test to resume (and damage)."""
-    return shutil.copytree(run_dir, tmp_path / "run")
+def job_output(out: Path, name: str) -> str:
+    """Both ranks' output of job ``name``, after asserting that each rank ended it with status 0."""
+    logs = [(out / name / f"rank{rank}.log").read_text() for rank in (0, 1)]
+    for rank in (0, 1):
+        assert json.loads((out / name / f"rank{rank}.json").read_text())["returncode"] == 0, logs[rank][-3000:]
+    return "".join(logs)
 
 
 def assert_restored_as_saved(restored_dir, saved_dir, step: int) -> None:
@@ -267,18 +266,18 @@ def assert_restored_as_saved(restored_dir, saved_dir, step: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_ranks_resume_their_own_shards_exactly_and_learn_on_at_once(tmp_path, two_rank_buffer_run):
-    saved_run, saved = two_rank_buffer_run
-    run_dir = copy_of(saved_run, tmp_path)
-    manifest = json.loads(checkpoint.manifest_path(checkpoint.resolve_checkpoint(run_dir)).read_text())
+def test_two_ranks_resume_their_own_shards_exactly_and_learn_on_at_once(two_rank_jobs):
+    out = two_rank_jobs
+    job_output(out, "saved")
+    saved_run = out / "saved" / "run"
+    manifest = json.loads(checkpoint.manifest_path(checkpoint.resolve_checkpoint(saved_run)).read_text())
     assert [s["name"] for s in manifest["shards"]] == ["ckpt_000000003000.rank0.pt", "ckpt_000000003000.rank1.pt"]
-    main = checkpoint.load_checkpoint(run_dir)
+    main = checkpoint.load_checkpoint(saved_run)
     assert all("replay" not in rank for rank in main["ranks"]), "no rank's buffer went through rank 0 or into the main file"
 
-    resumed = replay_check(tmp_path / "restored", run_dir, "--total-timesteps", "4000", "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "refills" not in resumed.stderr, resumed.stderr[-3000:]
-    assert_restored_as_saved(tmp_path / "restored", saved, 3000)
+    resumed, run_dir = job_output(out, "resumed"), out / "resumed" / "run"
+    assert "refills" not in resumed, resumed[-3000:]
+    assert_restored_as_saved(out / "resumed", out / "saved", 3000)
     assert [p.step for p in read_scalars(run_dir, "losses/td_loss") if p.step > 3000][0] == 3200, "updates go on in the first iteration"
     steps = {int(s["step"]) for s in checkpoint.load_checkpoint(run_dir)["optimizer"]["state"].values()}
     assert steps == {dqn_updates_made(4000)}, f"every update an uninterrupted run makes, none lost to a refill: {steps}"
@@ -286,22 +285,18 @@ def test_two_ranks_resume_their_own_shards_exactly_and_learn_on_at_once(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_torn_shard_of_one_rank_makes_every_rank_resume_the_checkpoint_before(tmp_path, two_rank_buffer_run):
-    saved_run, saved = two_rank_buffer_run
-    run_dir = copy_of(saved_run, tmp_path)
-    torn = run_dir / "checkpoints" / "ckpt_000000003000.rank1.pt"
-    torn.write_bytes(torn.read_bytes()[:-100])  # rank 1 was killed while its node wrote it, say
-    resumed = replay_check(tmp_path / "restored", run_dir, "--total-timesteps", "4000", "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "skipping the checkpoint" in resumed.stderr and "ckpt_000000003000.rank1.pt (rank 1's) is torn" in resumed.stderr, resumed.stderr[-3000:]
-    assert_restored_as_saved(tmp_path / "restored", saved, 2000)
-    assert int(checkpoint.load_checkpoint(run_dir)["global_step"]) == 4000
+def test_a_torn_shard_of_one_rank_makes_every_rank_resume_the_checkpoint_before(two_rank_jobs):
+    out = two_rank_jobs  # rank 1's shard of step 3,000 lost its last 100 bytes: rank 1 was killed while its node wrote it, say
+    resumed = job_output(out, "torn")
+    assert "skipping the checkpoint" in resumed and "ckpt_000000003000.rank1.pt (rank 1's) is torn" in resumed, resumed[-3000:]
+    assert_restored_as_saved(out / "torn", out / "saved", 2000)
+    assert int(checkpoint.load_checkpoint(out / "torn" / "run")["global_step"]) == 4000
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_resume_under_another_world_size_refills_the_buffer_and_says_so(tmp_path, two_rank_buffer_run):
-    run_dir = copy_of(two_rank_buffer_run[0], tmp_path)
+def test_a_resume_under_another_world_size_refills_the_buffer_and_says_so(two_rank_jobs):
+    run_dir = two_rank_jobs / "alone" / "run"  # the 2-rank run of step 3,000, copied for this test
     alone = run_fleetrl_here("train", "dqn", *TWO_RANKS, "--total-timesteps", "5000", "--resume", "auto", "--run-dir", str(run_dir))
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert "refills it" in alone.stderr and "another number of processes" in alone.stderr, alone.stderr[-3000:]
