@@ -31,16 +31,18 @@ TRAIN: dict[str, list[str]] = {
     # the default backend: every env step of both ranks lands in a logged episode
     "ppo": ["ppo", *CARTPOLE, "--total-timesteps", str(4 * 512)],
     "ppo_lstm": ["ppo_lstm", "--env-id", "CartPoleNoVel-v1", "--no-cuda", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
-                 "--total-timesteps", "256"],
+                 "--total-timesteps", "128"],  # 2 iterations: the LSTM's state crosses an iteration's end
     "ppo_rnd": ["ppo_rnd", *ON_POLICY_SMALL, "--num-iterations-obs-norm-init", "2", "--total-timesteps", str(4 * 128)],
     "ppg": ["ppg", *ON_POLICY_SMALL, "--n-iteration", "2", "--e-auxiliary", "2", "--num-aux-rollouts", "4",
             "--total-timesteps", str(4 * 128)],
     "pqn": ["pqn", *ON_POLICY_SMALL, "--no-progress", "--precision", "fp32", "--total-timesteps", str(4 * 128)],
     # 2400 steps: each rank's 1000-transition shard wraps (1200 steps each), 140 updates, 7 target copies
     "dqn": ["dqn", *OFF_POLICY_SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200", "--total-timesteps", "2400"],
-    "c51": ["c51", *OFF_POLICY_SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200", "--total-timesteps", "1600",
+    # 50 updates after learning starts, target copies at 600 and 800
+    "c51": ["c51", *OFF_POLICY_SHORT, "--num-envs", "2", "--batch-size", "64", "--target-network-frequency", "200", "--total-timesteps", "1000",
             "--learning-starts", "500"],
-    "rainbow": ["rainbow", *OFF_POLICY_SHORT, "--num-envs", "2", "--total-timesteps", "1600", "--learning-starts", "500", "--batch-size", "32"],
+    # 70 updates after learning starts, and the target copy at 1000 (C51's classic cadence, 500)
+    "rainbow": ["rainbow", *OFF_POLICY_SHORT, "--num-envs", "2", "--total-timesteps", "1200", "--learning-starts", "500", "--batch-size", "32"],
     # 50 updates and the target copy at step 500
     "sac_discrete": ["sac_discrete", *CARTPOLE, "--env-backend", "sync", "--num-envs", "2", "--total-timesteps", "600",
                      "--learning-starts", "400", "--batch-size", "64"],
