@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from fleetrl import config, optim
-from fleetrl.accel import autocast, choose_accel
+from fleetrl.accel import autocast
 from fleetrl.algos.source import train_main
 from fleetrl.args import ONPOLICY_RANGES, OnPolicyArgs, validate_onpolicy
 from fleetrl.distributed import Dist
@@ -303,9 +303,7 @@ def train(args: Args, explicit: set[str] | None = None, *, algo: str = "rpo", fa
         agent = agent_type(obs_shape, envs.single_action_space, impala=family.name == "procgen", rpo_alpha=args.rpo_alpha).to(device)
         dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
         # precision and memory format: measured once on this machine (or as the resumed run had them), explained
-        accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
-                             dist, verbose=dist.is_main, saved=run.remembered("accel"))
-        run.remember(accel=accel.state())
+        accel = run.choose_accel(agent, envs.single_observation_space, local_minibatch_size)
         loss_fn = accel.compiled(ppo_loss, agent, dist)  # torch.compile with --compile (eager if it fails), else ppo_loss
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all params
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward

@@ -284,6 +284,18 @@ class Run:
         """What the resumed checkpoint remembered under ``name``; None for a fresh run (or an older checkpoint)."""
         return (self.resumed or {}).get("remembered", {}).get(name)
 
+    def choose_accel(self, model: Any, obs_space: Any, batch_size: int) -> Any:
+        """``--precision``, ``--compile`` and ``--memory-format`` for ``model``: measured once on this machine on one
+        minibatch of ``batch_size`` rows (:func:`fleetrl.accel.choose_accel`), or as the resumed run had them; every
+        checkpoint remembers the choice."""
+        from fleetrl.accel import choose_accel  # torch: imported by the algorithm that asks, not by every run
+
+        args = self.args
+        accel = choose_accel(model, args.precision, args.compile, self.device, obs_space, batch_size, self.dist,
+                             verbose=self.dist.is_main, saved=self.remembered("accel"), memory_format=args.memory_format)
+        self.remember(accel=accel.state())
+        return accel
+
     def register_per_rank(self, **objects: Any) -> None:
         """Objects each rank holds its own of (the sampling RNG): every rank's is saved."""
         self._per_rank.update(objects)

@@ -35,7 +35,7 @@ from torch import nn
 from torch.distributions.categorical import Categorical
 
 from fleetrl import config, onpolicy, optim
-from fleetrl.accel import autocast, choose_accel
+from fleetrl.accel import autocast
 from fleetrl.algos import ppo
 from fleetrl.algos.source import train_main
 from fleetrl.args import OnPolicyArgs
@@ -358,9 +358,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         obs_shape = envs.single_observation_space.shape
         agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
         dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
-        accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
-                             dist, verbose=dist.is_main, saved=run.remembered("accel"), memory_format=args.memory_format)
-        run.remember(accel=accel.state())
+        accel = run.choose_accel(agent, envs.single_observation_space, local_minibatch_size)
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-8, fused=True)
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=agent, optimizer=optimizer)

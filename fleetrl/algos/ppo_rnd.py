@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from fleetrl import config, onpolicy, optim
-from fleetrl.accel import autocast, choose_accel
+from fleetrl.accel import autocast
 from fleetrl.algos import ppo
 from fleetrl.algos.source import train_main
 from fleetrl.errors import FleetError
@@ -318,9 +318,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         obs_shape = envs.single_observation_space.shape
         agent = Agent(obs_shape, envs.single_action_space, impala=family.name == "procgen").to(device)
         dist.broadcast_parameters(agent)  # every replica starts from rank 0's parameters
-        accel = choose_accel(agent, args.precision, args.compile, device, envs.single_observation_space, local_minibatch_size,
-                             dist, verbose=dist.is_main, saved=run.remembered("accel"), memory_format=args.memory_format)
-        run.remember(accel=accel.state())
+        accel = run.choose_accel(agent, envs.single_observation_space, local_minibatch_size)
         optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
         grad_sync = dist.gradient_sync(agent.parameters())  # averages gradients over ranks, overlapping backward
         run.register(model=agent, optimizer=optimizer)

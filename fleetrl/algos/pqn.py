@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fleetrl import config, optim
-from fleetrl.accel import autocast, choose_accel
+from fleetrl.accel import autocast
 from fleetrl.algos.ppo import minibatches
 from fleetrl.algos.source import train_main
 from fleetrl.args import ONPOLICY_RANGES, OnPolicyArgs, validate_onpolicy
@@ -224,10 +224,7 @@ def train(args: Args, explicit: set[str] | None = None) -> TrainResult:
         check_action_space(args.env_id, envs.single_action_space, supported=("Discrete",), algo="PQN")
         q_network = QNetwork(envs.single_observation_space.shape, envs.single_action_space).to(device)
         dist.broadcast_parameters(q_network)  # every replica starts from rank 0's parameters
-        accel = choose_accel(q_network, args.precision, args.compile, device, envs.single_observation_space,
-                             run.local_num_envs * args.num_steps // args.num_minibatches, dist, verbose=dist.is_main,
-                             saved=run.remembered("accel"), memory_format=args.memory_format)
-        run.remember(accel=accel.state())
+        accel = run.choose_accel(q_network, envs.single_observation_space, run.local_num_envs * args.num_steps // args.num_minibatches)
         loss_fn = accel.compiled(td_loss, q_network, dist)  # torch.compile with --compile (eager if it fails), else td_loss
         optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate)  # torch's RAdam, bit for bit, in one flat step
         grad_sync = dist.gradient_sync(q_network.parameters())  # averages gradients over ranks, overlapping backward
