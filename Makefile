@@ -13,8 +13,12 @@ STAMP  := $(VENV)/.fleetrl-installed
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_CPU)"
-	@$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile "$(TORCH_CPU)"
+	@$(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
+	@# pip byte-compiles on one core; compileall writes the same .pyc files on all of them. They must exist: where
+	@# PYTHONDONTWRITEBYTECODE is set (our CI hosts), an import never writes them. Files that are not Python 3
+	@# (templates, test data) fail to compile, as pip lets them, quietly.
+	@$(PY) -m compileall -q -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") >/dev/null 2>&1 || true
 	@touch $(STAMP)
 
 setup: $(STAMP)
