@@ -278,7 +278,7 @@ def workers(launchers: list[subprocess.Popen], not_among: set[int]) -> dict[str,
 
 
 @pytest.mark.slow
-def test_two_nodes_by_c10d_rendezvous_continue_after_a_killed_rank_0_then_a_killed_rank_1_and_finish_identically(tmp_path):
+def test_two_nodes_with_max_restarts_continue_after_a_killed_rank_0_then_a_killed_rank_1_and_finish_identically(tmp_path):
     # One job, killed twice: its rank 0 (the worker that serves the round's store) at the first checkpoint, then in the
     # restarted round its rank 1 at the next one. Each node's torchrun counts its own restarts, so the two nodes'
     # TORCHELASTIC_RESTART_COUNT differ; the third round still meets, resumes, and ends with identical replicas.
