@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+from fleetrl.errors import FleetError
+
 
 class Point(NamedTuple):
     step: int
@@ -28,7 +30,20 @@ def _accumulator(run_dir: str | Path, scalars: int):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": scalars, "tensors": 0, "images": 0, "histograms": 0})
-    acc.Reload()
+    return _reload(acc, run_dir)
+
+
+def _reload(acc, run_dir: str | Path):
+    """``acc.Reload()``, with a folder that is gone (deleted or moved while a tool reads it) one paragraph, not
+    tensorboard's traceback."""
+    from tensorboard.backend.event_processing.directory_watcher import DirectoryDeletedError
+
+    try:
+        acc.Reload()
+    except DirectoryDeletedError:
+        raise FleetError(f"The run folder {run_dir} is gone: it was deleted or moved while fleetrl read its TensorBoard "
+                         "logs (or it never existed). Check the path, or rerun the command once the run folder is back in "
+                         "place (a run that is still writing it is fine).") from None
     return acc
 
 
@@ -41,8 +56,7 @@ def read_text(run_dir: str | Path) -> dict[str, str]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
 
-    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
-    acc.Reload()
+    acc = _reload(EventAccumulator(str(run_dir), size_guidance={"tensors": 0}), run_dir)
     notes = {}
     for tag in acc.Tags().get("tensors", []):
         events = acc.Tensors(tag)
