@@ -31,8 +31,10 @@ train: setup
 # module's tests stay in one worker (--dist loadscope), so a module-scoped fixture (the torchrun job of test_every_algorithm) is made once
 # and the Slurm tests share one cluster. pytest exits 5 when it collected no tests: that is a failure, never a pass.
 TEST_WORKERS ?= 2
+# the serial pass collects only the files that mark a test `serial` (collecting all of them costs seconds of imports)
+SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/test_*.py)
 define run_suite
-	@$(PY) -m pytest -q -ra -m "serial$(1)"; first=$$?; \
+	@$(PY) -m pytest -q -ra -m "serial$(1)" $(SERIAL_FILES); first=$$?; \
 	$(PY) -m pytest -q -ra --durations=20 -n $(TEST_WORKERS) --dist loadscope -m "not serial$(1)"; rest=$$?; \
 	if [ $$first -eq 5 ] || [ $$rest -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
 	if [ $$first -ne 0 ]; then exit $$first; fi; exit $$rest
