@@ -422,11 +422,12 @@ def test_sigterm_to_the_whole_process_group_of_an_async_run_checkpoints_without_
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_at_most_the_work_since_the_last_checkpoint(tmp_path):
-    run_dir, iterations, batch = tmp_path / "run", 24, 4 * 32
+    run_dir, iterations, batch = tmp_path / "run", 32, 4 * 32
     # each step sleeps 1 ms, so an iteration of 4 x 32 steps takes at least 0.13 s however fast the host: a life is killed
     # a few iterations after its first new checkpoint, long before the end (plain CartPole's 20k SPS ran a resumed run to
     # its end between two polls): a life trains at most ~4 iterations (one to its new checkpoint, then up to 0.4 s of poll
-    # and kill delay), so the four end by iteration ~16 and the last run resumes with several left
+    # and kill delay), so the four end by iteration ~16 and the last run resumes with several left, even after stalls of
+    # this process of 2 s in all (16 iterations) while the run goes on
     train = ["train", "ppo", "--env-id", "fleetrl_test_envs:SlowCartPole-v1", "--env-backend", "sync", "--no-cuda", "--num-steps", "32",
              "--total-timesteps", str(iterations * batch), "--checkpoint-every", "1", "--keep-checkpoints", "2", "--resume", "auto",
              "--run-dir", str(run_dir)]
