@@ -22,18 +22,25 @@ TINY_TRAIN = ["fleetrl", "train", "ppo", "--total-timesteps", "1024"]
 ECHO = [sys.executable, "-c", "import sys; print('ARGS', ' '.join(sys.argv[1:]))"]
 
 
-# a command that logs ten episodic returns of 100 x seed to its --run-dir, so that the summary has known numbers without
-# training (tensorboard's own event writer: importing torch for its SummaryWriter takes seconds per run)
-LOG_RETURNS = [sys.executable, "-c", """import sys, time
-from tensorboard.compat.proto.event_pb2 import Event
-from tensorboard.compat.proto.summary_pb2 import Summary
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
+def returns_logged(folder, seeds: range) -> list[str]:
+    """A command that puts into its --run-dir the event file of ten episodic returns of 100 x its --seed, so that the
+    summary has known numbers without training. The files are written here, once per seed (tensorboard's own event
+    writer): each run only copies its own, without importing tensorboard (about 0.5 s a process)."""
+    import time
+
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    for seed in seeds:
+        writer = EventFileWriter(str(folder / f"seed{seed}"))
+        for step in range(1, 11):
+            value = Summary.Value(tag="charts/episodic_return", simple_value=100.0 * seed)
+            writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
+        writer.close()
+    return [sys.executable, "-c", f"""import shutil, sys
 args = sys.argv[1:]
-writer, seed = EventFileWriter(args[args.index("--run-dir") + 1]), int(args[args.index("--seed") + 1])
-for step in range(1, 11):
-    value = Summary.Value(tag="charts/episodic_return", simple_value=100.0 * seed)
-    writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
-writer.close()
+shutil.copytree({str(folder)!r} + "/seed" + args[args.index("--seed") + 1], args[args.index("--run-dir") + 1], dirs_exist_ok=True)
 """]
 
 
@@ -262,8 +269,9 @@ def test_a_slurm_task_warned_before_its_time_limit_checkpoints_requeues_and_the_
 
 def test_summary_gives_each_env_and_all_envs_iqm_median_mean_and_optimality_gap_with_intervals(tmp_path):
     out = tmp_path / "bench"
-    flags = ["--env-ids", "CartPole-v1", "Acrobot-v1", "--num-seeds", "4", "--workers", "2", "--out", str(out)]
-    proc = run_fleetrl_in_process("benchmark", *flags, "--score-bounds", "CartPole-v1=0,500", "Acrobot-v1=0,1000", "--", *LOG_RETURNS)
+    flags = ["--env-ids", "CartPole-v1", "Acrobot-v1", "--num-seeds", "4", "--workers", "2", "--bootstrap-reps", "100", "--out", str(out)]
+    command = returns_logged(tmp_path / "returns", range(1, 5))
+    proc = run_fleetrl_in_process("benchmark", *flags, "--score-bounds", "CartPole-v1=0,500", "Acrobot-v1=0,1000", "--", *command)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # returns 100, 200, 300, 400: the IQM cuts one run at each end, (200 + 300) / 2 = 250, which is 0.5 of 0..500
     assert "| CartPole-v1 | min-max (0, 500) | 4 | 0.500 [" in proc.stdout
