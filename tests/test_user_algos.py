@@ -106,7 +106,7 @@ class _UsersCopy:
         assert saved(dist_dir)["world_size"] == 2 and saved(dist_dir)["algo_file"]["path"] == str(file.resolve())
 
         # the tools (in this process; each run they start is a real `fleetrl train ./FILE`): a benchmark of one run, a study
-        # of one trial (how a study goes on from trial to trial is test_tune's and test_algorithm_tools')
+        # of one trial (how a study goes on from trial to trial is test_tune's)
         env_id, flags, _ = TINY[algo]
         command = ["fleetrl", "train", f"./{file.name}", *flags, *COMMON, "--total-timesteps", str(total)]
         bench = run_fleetrl_here("benchmark", "--env-ids", env_id, "--num-seeds", "1", "--workers", "1", "--out", str(tmp_path / "bench"),
