@@ -85,6 +85,8 @@ CHECKS = [
     Check("ppg", ("checks",), ["ppg", *CARTPOLE], 60_000, 200),
     Check("ppo_rnd", ("checks",), ["ppo_rnd", *CARTPOLE], 60_000, 150),
     Check("ppo", ("checks",), ["ppo", *CARTPOLE], 100_000, 200),
+    Check("pqn", ("checks",), ["pqn", *CARTPOLE, "--learning-rate", "1e-3", "--exploration-fraction", "0.2"], 60_000, 151,
+          window=20, note="tests/test_pqn.py's bar before issue 46 (make test: 75)"),
     # --- "full": the full-budget comparisons, with CleanRL's defaults
     Check("ppo-cartpole", ("full",), ["ppo", *CARTPOLE], 500_000, 475, window=20, seeds=(1, 2, 3), share=2 / 3,
           note="two of three seeds"),

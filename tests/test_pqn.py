@@ -276,13 +276,16 @@ def test_a_continuous_action_space_is_refused_naming_the_algorithms_that_fit(tmp
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pqn_learns_cartpole_on_a_small_budget(tmp_path):
-    # the run stops once its last 20 games average 151 (seed 1: at step 47,548), so 60k steps is an upper bound
+    # the run stops once its last 20 games average 75, from about 23 at first (a random policy). Seeds 1-6 got there
+    # by step 8.7k-17.4k (seed 1: 9.6k), so 30k is a bound that another host's rounding does not reach; 151 in 60k,
+    # this test's bar before issue 46, only seeds 1, 2 and 6 reached: it is `make bench-learning`'s pqn row
     run_dir = tmp_path / "run"
-    proc = run_fleetrl_here("train", "pqn", *CARTPOLE, "--total-timesteps", "60000", "--learning-rate", "1e-3", "--exploration-fraction", "0.2",
-                            "--stop-at-return", "151", "--stop-window", "20", "--torch-threads", "1", "--run-dir", str(run_dir))
+    proc = run_fleetrl_here("train", "pqn", *CARTPOLE, "--total-timesteps", "30000", "--learning-rate", "1e-3", "--exploration-fraction", "0.2",
+                            "--stop-at-return", "75", "--stop-window", "20", "--torch-threads", "1", "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     returns = [p.value for p in read_scalars(run_dir, "charts/episodic_return")]
-    assert np.mean(returns[-20:]) > 150, returns[-20:]
+    assert np.mean(returns[:20]) < 37.5, returns[:20]  # it learned: the first games score under half the bar
+    assert np.mean(returns[-20:]) >= 75, returns[-20:]
     for tag in ("losses/td_loss", "losses/q_values", "charts/epsilon", "charts/SPS"):
         assert read_scalars(run_dir, tag), tag
 
