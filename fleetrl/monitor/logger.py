@@ -18,6 +18,28 @@ RECENT_EPISODES = 20
 MONITOR_INTERVAL_S = 1.0  # perf/* and resources/* are logged at most this often: a TensorBoard scalar costs ~70 us
 
 
+EVENT_FILE_PREFIX = "events.out.tfevents."
+MAX_CLOCK_WAIT_S = 2.0
+
+
+def after_the_newest_event_file(run_dir: str) -> None:
+    """Wait, if need be, until the clock has passed the second in the newest event file's name in ``run_dir``.
+
+    TensorBoard reads a folder's event files in the order of their names, which begin with the second each was opened
+    in, then the host and the pid. A run resumed within the second its interrupted run opened its file (a short run
+    killed at once, a restart in the same process) could sort first: TensorBoard would then read the old file's steps
+    after the new one's, take them for a restart and drop points. A clock more than a couple of seconds behind the
+    newest file's (another node's, after a restart elsewhere) is not waited for."""
+    try:
+        seconds = [int(name[len(EVENT_FILE_PREFIX):].split(".")[0]) for name in os.listdir(run_dir)
+                   if name.startswith(EVENT_FILE_PREFIX)]
+    except (OSError, ValueError):
+        return
+    wait = max(seconds, default=0) + 1 - time.time()
+    if 0 < wait <= MAX_CLOCK_WAIT_S:
+        time.sleep(wait)
+
+
 class Logger:
     """Writes scalars to TensorBoard (rank 0 only; other ranks pass ``enabled=False``).
 
@@ -34,6 +56,8 @@ class Logger:
         if enabled and track:  # before the SummaryWriter exists, so wandb can mirror it
             start_wandb(run_dir, wandb_project, wandb_entity, config)
         self.run_dir = run_dir
+        if enabled:
+            after_the_newest_event_file(run_dir)
         self.writer = self._guarded(lambda: SummaryWriter(run_dir, purge_step=purge_step)) if enabled else None
         self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.episodes = 0
