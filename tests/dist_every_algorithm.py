@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--no-cuda"]
 OFF_POLICY_SHORT = [*CARTPOLE, "--env-backend", "sync", "--no-progress", "--learning-starts", "1000", "--buffer-size", "2000"]
@@ -120,6 +121,27 @@ def between_jobs(store, name: str, rank: int, world_size: int) -> None:
     store.wait([f"every_algorithm/{name}/cleared"])
 
 
+def exit_code_of(job: Callable[[], object], log: Path) -> int:
+    """Run ``job`` here with its output in ``log``, and give the exit status a process of its own would have had (a
+    traceback is logged). The next job may run after it: a job that failed inside its process group leaves it."""
+    import torch.distributed as dist
+
+    with open(log, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        try:
+            job()
+        except SystemExit as exc:
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+            return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except BaseException:  # noqa: BLE001 - recorded for the test, and the next job still runs
+            traceback.print_exc()
+            return 1
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    return 0
+
+
 def main(out: str, names: list[str]) -> None:
     import torch
     import torch.distributed as dist
@@ -131,22 +153,12 @@ def main(out: str, names: list[str]) -> None:
     for name in names or JOBS:
         folder = Path(out) / name
         folder.mkdir(parents=True, exist_ok=True)
-        code, log, began = 0, folder / f"rank{rank}.log", time.perf_counter()
+        log, began = folder / f"rank{rank}.log", time.perf_counter()
         default_dtype = torch.get_default_dtype()
-        with open(log, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            try:
-                run_job(name, folder)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-                if isinstance(exc.code, str):
-                    print(exc.code, file=sys.stderr)
-            except BaseException:  # noqa: BLE001 - recorded for the test, and the next job still runs
-                traceback.print_exc()
-                code = 1
-            finally:
-                torch.set_default_dtype(default_dtype)  # dist_grad_check computes in float64
-                if dist.is_initialized():  # a job that failed inside its group leaves it, so the next can join
-                    dist.destroy_process_group()
+        try:
+            code = exit_code_of(lambda: run_job(name, folder), log)
+        finally:
+            torch.set_default_dtype(default_dtype)  # dist_grad_check computes in float64
         (folder / f"rank{rank}.json").write_text(json.dumps({"returncode": code, "seconds": round(time.perf_counter() - began, 1)}))
         between_jobs(store, name, rank, world_size)
 

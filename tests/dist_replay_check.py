@@ -10,13 +10,11 @@ Jobs, each in OUT/NAME (its output in rank{R}.log, its exit status in rank{R}.js
   was killed while its node wrote it) and OUT/alone/run (untouched, for the test's own resume under one process).
 - ``resumed`` and ``torn``: ``--total-timesteps RESUME_TOTAL --resume auto`` on their copies."""
 
-import contextlib
 import datetime
 import json
 import os
 import shutil
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -64,20 +62,9 @@ def run_job(folder: Path, rank: int, argv: list[str]) -> None:
     """``fleetrl train dqn ARGV`` on this rank, in this process, its output and exit status recorded in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     job_folder["path"] = str(folder)
-    code = 0
-    with open(folder / f"rank{rank}.log", "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        try:
-            main(["train", "dqn", *argv, "--run-dir", str(folder / "run")])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-            if isinstance(exc.code, str):
-                print(exc.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 - recorded for the test, and the next job still runs
-            traceback.print_exc()
-            code = 1
-        finally:
-            if torch.distributed.is_initialized():  # a job that failed inside its group leaves it, so the next can join
-                torch.distributed.destroy_process_group()
+    from dist_every_algorithm import exit_code_of
+
+    code = exit_code_of(lambda: main(["train", "dqn", *argv, "--run-dir", str(folder / "run")]), folder / f"rank{rank}.log")
     (folder / f"rank{rank}.json").write_text(json.dumps({"returncode": code}))
 
 
