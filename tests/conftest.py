@@ -362,6 +362,38 @@ def find_postgres_bin() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
+PG_PREFIX = "fleetrl-pg-"
+
+
+def stop_orphaned_postgres_servers(bindir: Path) -> None:
+    """Stop and remove the servers of :func:`postgres_server` whose process is gone: a test session killed by SIGKILL
+    (a timeout) never ran its ``finally``, and its server would run on. A folder that names no owner yet is another
+    process's, just made, unless it is a minute old."""
+    import shutil
+    import tempfile
+    import time
+
+    import psutil
+
+    for root in Path(tempfile.gettempdir()).glob(PG_PREFIX + "*"):
+        owner = root / "owner"
+        try:
+            if owner.exists():
+                pid = int(owner.read_text())
+                if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    continue
+            elif time.time() - root.stat().st_mtime < 60:
+                continue
+        except (OSError, ValueError, psutil.Error):
+            continue
+        if (root / "data" / "postmaster.pid").exists():
+            folder = root.stat()  # the server runs as the folder's owner (nobody, where the tests run as root)
+            as_user = {"user": folder.st_uid, "group": folder.st_gid, "extra_groups": []} if os.geteuid() == 0 else {}
+            subprocess.run([bindir / "pg_ctl", "-D", root / "data", "-m", "immediate", "-w", "stop"], capture_output=True,
+                           cwd=root, **as_user)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def postgres_server(address: str = "127.0.0.1", clients: str | None = None):
     """A throwaway PostgreSQL server listening on ``address`` only, as an unprivileged user (the server refuses root);
@@ -385,7 +417,9 @@ def postgres_server(address: str = "127.0.0.1", clients: str | None = None):
         if os.environ.get("CI") == "true":  # .ci/run installs the server: a skip there would hide that CI stopped running the test
             pytest.fail(f"{why}. CI=true, where this test must run.")
         pytest.skip(why)
-    root = Path(tempfile.mkdtemp(prefix="fleetrl-pg-"))
+    stop_orphaned_postgres_servers(bindir)
+    root = Path(tempfile.mkdtemp(prefix=PG_PREFIX))
+    (root / "owner").write_text(str(os.getpid()))  # the process whose block stops it; see stop_orphaned_postgres_servers
     as_user = {}
     if os.geteuid() == 0:
         nobody = pwd.getpwnam("nobody")

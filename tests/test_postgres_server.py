@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import postgres_server, require_module
+from conftest import PG_PREFIX, postgres_server, require_module
 
 
 def test_the_throwaway_postgresql_server_refuses_every_connection_without_its_random_password(postgres_url):
@@ -35,3 +38,27 @@ def test_the_throwaway_postgresql_server_refuses_every_connection_without_its_ra
     assert not os.path.exists(passfile), "the passfile goes with its server"
     assert os.environ["PGPASSFILE"] == sessions, "the passfile named before is named again"
     psycopg.connect(postgres_url, connect_timeout=30).close()  # and lets this process into the session's server
+
+
+def test_a_server_whose_test_session_was_killed_is_stopped_and_removed_by_the_next_start(postgres_url):
+    import psutil
+
+    # a process that starts a server and is SIGKILLed inside the block, as a test session a timeout kills: its `finally`
+    # never runs, and the server outlives it
+    tests = Path(__file__).parent
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.path.insert(0, sys.argv[1])\nfrom conftest import postgres_server\n"
+                              "with postgres_server():\n    print('up', flush=True)\n    time.sleep(300)", str(tests)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        (root,) = [d for d in Path(tempfile.gettempdir()).glob(PG_PREFIX + "*") if (d / "owner").read_text() == str(child.pid)]
+        postmaster = psutil.Process(int((root / "data" / "postmaster.pid").read_text().split()[0]))
+    finally:
+        child.kill()
+        child.wait()
+    assert postmaster.is_running()
+    with postgres_server():  # the next start stops the orphan and removes its folder; its own server is left alone
+        _, left = psutil.wait_procs([postmaster], timeout=30)
+        assert not left and not root.exists()
+    psycopg = require_module("psycopg", "tune")
+    psycopg.connect(postgres_url, connect_timeout=30).close()  # the session's server, whose owner lives, runs on
