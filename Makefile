@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-EXTRAS ?= atari,mujoco,envpool,video,tune,track,stats,multiagent,dev
+EXTRAS ?= atari,mujoco,envpool,video,tune,track,stats,multiagent,export,dev
 # The CPU build of torch. A GPU user installs the build for their CUDA into .venv first (see README);
 # setup never replaces a torch that is already installed.
 TORCH_CPU ?= torch==2.13.0

@@ -21,6 +21,7 @@ commands:
   train ALGO [flags]   train an algorithm (ALGO: {algos}, or your file ./my_algo.py or module mypkg.my_algo); `fleetrl train ppo --help` lists its flags
   new NAME --from ALGO write NAME.py, your own copy of a built-in algorithm to change (docs/engine.md); `fleetrl new --help`
   eval CHECKPOINT      evaluate a checkpoint or run folder; `fleetrl eval --help`
+  export CHECKPOINT    the trained policy as an ONNX or TorchScript file that plays without fleetrl; `fleetrl export --help`
   bench-env            env throughput per backend and number of envs; what `auto` picks; `fleetrl bench-env --help`
   benchmark -- CMD     run CMD for env ids x seeds on a worker pool, then summarise; `fleetrl benchmark --help`
   tune -- CMD          search hyperparameters of CMD (`fleetrl train ...`) with Optuna: parallel trials, pruning; `fleetrl tune --help`
@@ -47,6 +48,12 @@ def _eval(argv: list[str]) -> None:
     from fleetrl.evaluate import EvalArgs, evaluate
 
     evaluate(tyro.cli(EvalArgs, args=argv, prog="fleetrl eval"))
+
+
+def _export(argv: list[str]) -> None:
+    from fleetrl.export import main
+
+    main(argv)
 
 
 def _benchmark(argv: list[str]) -> None:
@@ -97,7 +104,7 @@ def _minicluster(argv: list[str]) -> None:
     main(tyro.cli(MiniClusterArgs, args=flags, prog="fleetrl minicluster"), command)
 
 
-COMMANDS = {"train": _train, "new": _new, "eval": _eval, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "compare": _compare,
+COMMANDS = {"train": _train, "new": _new, "eval": _eval, "export": _export, "bench-env": _bench_env, "benchmark": _benchmark, "tune": _tune, "plot": _plot, "compare": _compare,
             "preflight": _preflight, "minicluster": _minicluster}
 
 

@@ -63,6 +63,7 @@ EXTRAS = {
     "tune": "optuna cmaes pyyaml matplotlib 'psycopg[binary]'",
     "track": "wandb",
     "stats": "rliable 'arch<8' 'pandas<3'",
+    "export": "onnx onnxruntime",
 }
 
 

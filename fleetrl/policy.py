@@ -4,7 +4,7 @@ A trained network that acts implements :class:`Policy`: ``act(x, deterministic)`
 observations (as :func:`fleetrl.nets.network_input` makes them) to a batch of actions. A recurrent one (with
 ``state_shape``) takes and returns its state too: ``act(x, deterministic, state, starts) -> (actions, state)``. Each algorithm's
 ``policy_from_checkpoint`` rebuilds its network and returns :func:`policy_fn` of it, which is what
-``fleetrl eval`` and the video recorder run.
+``fleetrl eval`` and the video recorder run, and what ``fleetrl export`` turns into one ONNX or TorchScript graph.
 """
 
 from __future__ import annotations
@@ -56,4 +56,6 @@ def policy_fn(policy: Policy, envs, deterministic: bool = True, obs_rms: dict | 
         action = action.cpu().numpy()
         return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
 
+    # what `fleetrl export` (fleetrl/export.py) builds the same computation from, as one graph
+    act.network, act.obs_rms, act.deterministic = policy, obs_rms, deterministic
     return act
