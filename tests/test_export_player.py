@@ -1,7 +1,7 @@
 """examples/play_exported.py plays a policy that `fleetrl export` wrote without fleetrl or torch, and prints what
 `fleetrl eval --json` prints for its checkpoint: CartPole PPO, PPO-LSTM on CartPoleNoVel-v1, Pendulum PPO (normalised
-observations), Breakout PPO (fleetrl's Atari frames, rebuilt bit for bit) and PPO on mpe2.simple_spread_v3 (a row per
-agent)."""
+observations), Breakout PPO (fleetrl's Atari frames, rebuilt bit for bit), PPO on mpe2.simple_spread_v3 (a row per
+agent) and PPO on a custom id with Dict observations (flattened)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_module, run_fleetrl_here
+from conftest import fleetrl_env, run_fleetrl_here
 
+# every case is trained by one fixture, so the module needs every extra they play
+pytestmark = [pytest.mark.needs("onnx", "export"), pytest.mark.needs("onnxruntime", "export"), pytest.mark.needs("ale_py", "atari"),
+              pytest.mark.needs("cv2", "atari"), pytest.mark.needs("mpe2", "multiagent")]
 ROOT = Path(__file__).resolve().parent.parent
 PLAYER = ROOT / "examples" / "play_exported.py"
 BREAKOUT = "BreakoutNoFrameskip-v4"
 SPREAD = "mpe2.simple_spread_v3"
+DICT_OBS = "fleetrl_test_envs:DictObs-v0"
 SEED = 7
 # name: (the training command, episodes played); each trains for seconds: the policies need not be good, only fleetrl's
 CASES = {
@@ -30,6 +34,9 @@ CASES = {
     "breakout": (["ppo", "--env-id", BREAKOUT, "--total-timesteps", "16", "--num-envs", "1", "--num-steps", "16",
                   "--update-epochs", "1", "--num-minibatches", "1", "--memory-format", "contiguous"], 1),
     "spread": (["ppo", "--env-id", SPREAD, "--total-timesteps", "1536", "--num-envs", "6", "--num-steps", "128"], 2),
+    # a custom id (its module imported only when named: export, eval and the player each take --env-id) with a Dict
+    # observation, flattened for the network
+    "dict_obs": (["ppo", "--env-id", DICT_OBS, "--total-timesteps", "512", "--num-envs", "2", "--num-steps", "64"], 2),
 }
 TRAIN_FLAGS = ["--env-backend", "sync", "--torch-threads", "1", "--precision", "fp32", "--no-progress"]  # fp32: no measuring
 # One process plays every case (a process start costs seconds): the player's main() per case, each one's exit status,
@@ -59,6 +66,13 @@ def player_module():
     return module
 
 
+def metadata(model: Path) -> dict:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return json.loads(session.get_modelmeta().custom_metadata_map["fleetrl"])
+
+
 def fleetrl_ok(*args: str) -> str:
     proc = run_fleetrl_here(*args)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -68,16 +82,19 @@ def fleetrl_ok(*args: str) -> str:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, tuple[str, Path]]:
     """Each case trained and exported in this process: name -> (its checkpoint, its .onnx file)."""
-    require_module("ale_py", "atari")
-    require_module("mpe2", "multiagent")
     folder = tmp_path_factory.mktemp("export-player")
     made = {}
     for name, (train, _) in CASES.items():
         fleetrl_ok("train", *train, "--run-dir", str(folder / name), *TRAIN_FLAGS)
         checkpoint = str(next((folder / name / "checkpoints").glob("ckpt_*.pt")))
-        fleetrl_ok("export", checkpoint, "--out", str(folder / f"{name}.onnx"))
+        fleetrl_ok("export", checkpoint, "--out", str(folder / f"{name}.onnx"), *env_flags(name))
         made[name] = (checkpoint, folder / f"{name}.onnx")
     return made
+
+
+def env_flags(name: str) -> list[str]:
+    """--env-id for a case whose env id names a module, which fleetrl and the player import only when told."""
+    return ["--env-id", DICT_OBS] if name == "dict_obs" else []
 
 
 def with_metadata(source: Path, target: Path, change) -> str:
@@ -129,14 +146,14 @@ BAD = {
 def played(models, tmp_path_factory) -> dict:
     """Every case, the --env-id and summary runs and the bad inputs, played in one process without fleetrl."""
     folder = tmp_path_factory.mktemp("export-player-runs")
-    runs = {name: [str(models[name][1]), "--episodes", str(episodes), "--seed", str(SEED), "--json"]
+    runs = {name: [str(models[name][1]), "--episodes", str(episodes), "--seed", str(SEED), "--json", *env_flags(name)]
             for name, (_, episodes) in CASES.items()}
     runs["cartpole_v0"] = [str(models["cartpole"][1]), "--env-id", "CartPole-v0", "--episodes", "2", "--seed", str(SEED), "--json"]
     runs["summary"] = [str(models["spread"][1]), "--episodes", "1", "--seed", str(SEED)]
     runs.update({f"bad_{name}": [make(models["cartpole"][1], folder), "--episodes", "1"] for name, (make, _) in BAD.items()})
     results = folder / "results.json"
     proc = subprocess.run([sys.executable, "-c", DRIVER, str(PLAYER), str(results), json.dumps(runs)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=fleetrl_env())  # the tests' folder importable: fleetrl_test_envs
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(results.read_text())
 
@@ -152,13 +169,17 @@ def eval_json(checkpoint: str, episodes: int, *flags: str) -> str:
     return out.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("name", ["cartpole", "lstm", "breakout", "spread"])
+@pytest.mark.parametrize("name", ["cartpole", "lstm", "breakout", "spread", "dict_obs"])
 def test_a_discrete_policy_prints_evals_json_exactly(name, models, played):
     run = played[name]
     assert run["code"] == 0, run["err"]
-    assert run["out"].strip() == eval_json(models[name][0], CASES[name][1])
+    assert run["out"].strip() == eval_json(models[name][0], CASES[name][1], *env_flags(name))
     result = json.loads(run["out"])
     assert result["episodes"] == CASES[name][1]
+    meta = metadata(models[name][1])
+    assert (meta["recurrent"] is not None) == (name == "lstm") and (meta["preprocessing"]["kind"] == "atari") == (name == "breakout")
+    if name == "dict_obs":
+        assert meta["preprocessing"]["flatten_observation"] is True
     if name == "spread":  # every agent a row, the policy plays them all
         assert list(result["agent_returns"]) == ["agent_0", "agent_1", "agent_2"] and result["opponent"] == "self"
         assert len(result["returns"]) == 3 * CASES[name][1]
@@ -167,6 +188,7 @@ def test_a_discrete_policy_prints_evals_json_exactly(name, models, played):
 def test_a_continuous_policy_with_normalised_observations_returns_within_one_percent(models, played):
     run = played["pendulum"]
     assert run["code"] == 0, run["err"]
+    assert metadata(models["pendulum"][1])["observation_normalization"], "the frozen statistics are in the graph"
     ours, theirs = json.loads(run["out"]), json.loads(eval_json(models["pendulum"][0], CASES["pendulum"][1]))
     for key in ("checkpoint", "env_id", "global_step", "episodes", "mean_length"):
         assert ours[key] == theirs[key], key
@@ -202,17 +224,15 @@ def test_bad_input_is_refused_in_one_line_with_exit_2(name, played):
 def test_atari_frames_are_fleetrls_bit_for_bit(models):
     """The player's Atari chain, built from the metadata alone, against eval's env (fleetrl's EnvFactory), on the same
     seed and random actions through lost lives, ended games and unseeded resets: every frame, reward and flag equal."""
-    import onnxruntime
-
     from fleetrl.envs.registry import EnvFactory
 
-    session = onnxruntime.InferenceSession(str(models["breakout"][1]), providers=["CPUExecutionProvider"])
-    steps = json.loads(session.get_modelmeta().custom_metadata_map["fleetrl"])["preprocessing"]
+    steps = metadata(models["breakout"][1])["preprocessing"]
     ours, theirs = player_module().atari_env(BREAKOUT, steps), EnvFactory(BREAKOUT, "atari", training=False)()
     try:
         (a, _), (b, _) = ours.reset(seed=SEED), theirs.reset(seed=SEED)
         assert a.dtype == b.dtype == np.uint8 and a.shape == b.shape == (4, 84, 84) and np.array_equal(a, b)
-        actions = np.random.default_rng(0).integers(ours.action_space.n, size=500)
+        # 260 random actions of this generator: a point at step 52, two games over by step 255
+        actions = np.random.default_rng(6).integers(ours.action_space.n, size=260)
         lives, games, scored = set(), 0, False
         for action in actions:
             a, *rest_a = ours.step(int(action))
