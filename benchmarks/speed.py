@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from bench import HERE, ROOT, alternate, emit, env_with_path, fmt, host_line, med, median_us, run_process, table, train, tree_cpu_seconds
@@ -127,10 +127,10 @@ def child(spec: dict) -> None:
 def run_plain(spec: dict, mark, seen: dict) -> None:
     import torch
 
-    device = "cuda" if spec["cuda"] and torch.cuda.is_available() else "cpu"
     if spec["algo"] not in ("ppo", "ppo_lstm"):
         from loops import offpolicy as plain_offpolicy
 
+        device = "cuda" if spec["cuda"] and torch.cuda.is_available() else "cpu"
         if spec["plain_threads"]:
             torch.set_num_threads(spec["plain_threads"])
         spec["total"], spec["window_from"] = spec["length"], spec["window_from_step"]
@@ -146,8 +146,7 @@ def run_plain(spec: dict, mark, seen: dict) -> None:
     elif plain is None:  # a benchmark env on gymnasium's AsyncVectorEnv, the batch shape of the fleetrl side
         importlib.import_module(spec["env_id"].split(":")[0])
         shape = dict(zip(spec["flags"][::2], spec["flags"][1::2]))
-        plain = PlainSpec(spec["env_id"].split(":")[1], atari=False, num_envs=int(shape["--num-envs"]),
-                          num_steps=int(shape["--num-steps"]), vector="async")
+        plain = PlainSpec(spec["env_id"].split(":")[1], num_envs=int(shape["--num-envs"]), num_steps=int(shape["--num-steps"]), vector="async")
         torch.set_num_threads(1)  # its stronger setting: 2 spinning intra-op threads compete with the env processes
     batch = plain.num_envs * plain.num_steps
     spec["total"], spec["window_from"] = spec["length"] * batch, spec["warmup"] * batch
@@ -157,7 +156,7 @@ def run_plain(spec: dict, mark, seen: dict) -> None:
         mark(batch * (len(seen.setdefault("iterations", [])) + 1))
         seen["iterations"].append(seconds)
 
-    run(plain, spec["length"], seed=1, device=device, on_iteration=iteration)
+    run(replace(plain, num_iterations=spec["length"], cuda=spec["cuda"]), on_iteration=iteration)
 
 
 def run_fleetrl(spec: dict, mark, seen: dict) -> None:

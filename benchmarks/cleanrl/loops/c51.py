@@ -48,7 +48,7 @@ def plain_c51(env_id: str, steps: int, learning_starts: int, seed: int = 1, nump
 
     po._seed(seed)
     envs = po.make_envs(env_id, seed)
-    timing = po.Timing("c51", env_id, steps, learning_starts, torch.get_num_threads())
+    timing = po.Timing("c51", env_id, steps, learning_starts)
     q_network = QNetwork(envs, n_atoms=n_atoms, v_min=v_min, v_max=v_max)
     optimizer = optim.Adam(q_network.parameters(), lr=lr, eps=0.01 / batch_size, **({"fused": True} if fused_adam else {}))
     target_network = QNetwork(envs, n_atoms=n_atoms, v_min=v_min, v_max=v_max)

@@ -38,7 +38,7 @@ def plain_ddpg(env_id: str, steps: int, learning_starts: int, seed: int = 1, arg
     _seed(seed)
     device = torch.device("cpu")
     envs = make_envs(env_id, seed)
-    timing = plain_offpolicy.Timing("ddpg", env_id, steps, learning_starts, torch.get_num_threads())
+    timing = plain_offpolicy.Timing("ddpg", env_id, steps, learning_starts)
 
     actor = Actor(envs).to(device)
     qf1 = QNetwork(envs).to(device)

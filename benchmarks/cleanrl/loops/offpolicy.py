@@ -1,20 +1,10 @@
-"""CleanRL's dqn.py, sac_continuous_action.py and td3_continuous_action.py training loops, in this process, with trace
-points and fleetrl's draws as switches (the changes are listed in benchmarks/cleanrl/README.md); SB3's replay buffer as
-CleanRL uses it, and the Trace every in-process CleanRL loop records.
+"""CleanRL's dqn.py, sac_continuous_action.py and td3_continuous_action.py loops in functions, with trace points and
+fleetrl's draws as switches; SB3's replay buffer as CleanRL uses it; the Trace every in-process CleanRL loop records.
 
-The baselines of the off-policy speed benchmark and of benchmarks/vs_cleanrl.py dqn; not run on its own. Each loop
-keeps CleanRL's networks, hyperparameters and per-step structure: a gymnasium ``SyncVectorEnv`` of one env (same-step autoreset, so ``final_obs`` plays the part of
-gymnasium 0.29's ``final_observation``), an SB3-style numpy replay buffer (a copy of each array at every ``add``, a
-fresh torch tensor of each field at every ``sample``), plain ``torch.optim.Adam`` (not fused), and the ``.item()``
-reads of CleanRL's logging every 100 steps. What is left out is only I/O: no TensorBoard writer and no prints (the
-values CleanRL writes are still read from the device, into a list). The code SAC's and TD3's files share (the twin
-critics and their update, the soft target update, the step-and-store block) is written once here and called where
-CleanRL has it. Torch keeps its default thread count, as CleanRL does; the result reports it.
-
-Each ``plain_*`` function runs ``steps`` env steps (CleanRL's ``--total-timesteps``) with ``--learning-starts
-learning_starts`` and returns a :class:`Timing`: the wall clock at the end of every ``MARK_EVERY`` steps, so the
-caller can time any window of whole blocks (``Timing.sps()``: the learning phase); ``on_mark(steps_done)`` is called
-at each mark.
+The baselines of the off-policy speed benchmark and of benchmarks/vs_cleanrl.py dqn; not run on its own. Each
+``plain_*`` runs ``steps`` env steps (``--total-timesteps``) after ``--learning-starts learning_starts`` and returns a
+:class:`Timing`. Torch keeps its default thread count, as CleanRL does; the changes are listed in
+benchmarks/cleanrl/README.md.
 """
 
 from __future__ import annotations
@@ -38,15 +28,23 @@ LOG_EVERY = 100  # CleanRL writes its loss scalars every 100 steps (each write a
 # ============================================================================ what a run returns
 @dataclass
 class Timing:
-    """``marks``: (env steps done, ``time.perf_counter()``) at the end of every ``MARK_EVERY`` steps."""
+    """A run's clock: (env steps done, ``time.perf_counter()``) at the end of every ``MARK_EVERY`` steps, where
+    ``on_mark(steps_done)`` is called, so the caller can time any window of whole blocks; and its episodes' returns."""
 
     algo: str
     env_id: str
     steps: int
     learning_starts: int
-    torch_threads: int
+    on_mark: Callable[[int], None] | None = None
+    torch_threads: int = field(default_factory=torch.get_num_threads)
     marks: list[tuple[int, float]] = field(default_factory=list)
     episode_returns: list[float] = field(default_factory=list)
+
+    def step_done(self, steps_done: int) -> None:
+        if steps_done % MARK_EVERY == 0:
+            self.marks.append((steps_done, time.perf_counter()))
+            if self.on_mark is not None:
+                self.on_mark(steps_done)
 
     def sps(self, from_step: int | None = None) -> float:
         """Env steps per second from the mark at ``from_step`` (default: ``learning_starts``, rounded up to a mark)
@@ -57,17 +55,6 @@ class Timing:
             raise ValueError(f"no whole block of {MARK_EVERY} steps after step {start} (run of {self.steps} steps)")
         (s0, t0), (s1, t1) = first, self.marks[-1]
         return (s1 - s0) / (t1 - t0)
-
-
-class _Clock:
-    def __init__(self, timing: Timing, on_mark: Callable[[int], None] | None):
-        self.timing, self.on_mark = timing, on_mark
-
-    def step_done(self, steps_done: int) -> None:
-        if steps_done % MARK_EVERY == 0:
-            self.timing.marks.append((steps_done, time.perf_counter()))
-            if self.on_mark is not None:
-                self.on_mark(steps_done)
 
 
 # ============================================================================ envs and replay buffer
@@ -152,19 +139,14 @@ def _seed(seed: int) -> None:
     torch.backends.cudnn.deterministic = True
 
 
-def _record_episodes(infos: dict[str, Any], timing: Timing) -> None:
-    # CleanRL prints and writes these; the gymnasium 1.x form of its `final_info` loop
-    if "final_info" in infos and "episode" in infos["final_info"]:
-        final = infos["final_info"]
-        for i in np.flatnonzero(final["_episode"]):
-            timing.episode_returns.append(float(final["episode"]["r"][i]))
-
-
 def _step_and_store(envs: gym.vector.VectorEnv, obs: np.ndarray, actions: np.ndarray, rb: ReplayBuffer, timing: Timing) -> np.ndarray:
-    """CleanRL's "TRY NOT TO MODIFY" block: execute the game, record finished episodes, save the transition to the
-    replay buffer (the final observation at a time limit); returns ``next_obs``."""
+    """CleanRL's "TRY NOT TO MODIFY" block: execute the game, record finished episodes (what CleanRL prints and writes,
+    from gymnasium 1.x's `final_info`), save the transition to the replay buffer (the final observation at a time limit);
+    returns ``next_obs``."""
     next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-    _record_episodes(infos, timing)
+    if "final_info" in infos and "episode" in infos["final_info"]:
+        for i in np.flatnonzero(infos["final_info"]["_episode"]):
+            timing.episode_returns.append(float(infos["final_info"]["episode"]["r"][i]))
     real_next_obs = next_obs.copy()
     for idx, trunc in enumerate(truncations):
         if trunc:
@@ -189,7 +171,7 @@ class DQNArgs:
 
 
 class QNetwork(nn.Module):
-    def __init__(self, env: gym.vector.VectorEnv):
+    def __init__(self, env):
         super().__init__()
         self.network = nn.Sequential(
             nn.Linear(np.array(env.single_observation_space.shape).prod(), 120),
@@ -199,11 +181,11 @@ class QNetwork(nn.Module):
             nn.Linear(84, env.single_action_space.n),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         return self.network(x)
 
 
-def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     slope = (end_e - start_e) / duration
     return max(slope * t + start_e, end_e)
 
@@ -244,8 +226,7 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
     device = torch.device(device)
     envs = make_envs(env_id, seed)
     assert isinstance(envs.single_action_space, gym.spaces.Discrete), "only discrete action space is supported"
-    timing = Timing("dqn", env_id, steps, learning_starts, torch.get_num_threads())
-    clock, logged = _Clock(timing, on_mark), []
+    timing, logged = Timing("dqn", env_id, steps, learning_starts, on_mark), []
 
     q_network = QNetwork(envs).to(device)
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, **({"fused": True} if fused_adam else {}))
@@ -303,7 +284,7 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
                     target_network_param.data.copy_(args.tau * q_network_param.data + (1.0 - args.tau) * target_network_param.data)
                 if trace is not None:
                     trace.target_steps.append(global_step)
-        clock.step_done(global_step + 1)
+        timing.step_done(global_step + 1)
 
     envs.close()
     if trace is not None:
@@ -315,17 +296,21 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
 class SoftQNetwork(nn.Module):
     """sac_continuous_action.py's ``SoftQNetwork``, the same as td3_continuous_action.py's ``QNetwork``."""
 
-    def __init__(self, env: gym.vector.VectorEnv):
+    def __init__(self, env):
         super().__init__()
-        self.fc1 = nn.Linear(np.array(env.single_observation_space.shape).prod() + np.prod(env.single_action_space.shape), 256)
+        self.fc1 = nn.Linear(
+            np.array(env.single_observation_space.shape).prod() + np.prod(env.single_action_space.shape),
+            256,
+        )
         self.fc2 = nn.Linear(256, 256)
         self.fc3 = nn.Linear(256, 1)
 
-    def forward(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    def forward(self, x, a):
         x = torch.cat([x, a], 1)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        x = self.fc3(x)
+        return x
 
 
 def _register_action_rescaling(module: nn.Module, env: gym.vector.VectorEnv) -> None:
@@ -397,7 +382,7 @@ LOG_STD_MIN = -5
 
 
 class SACActor(nn.Module):
-    def __init__(self, env: gym.vector.VectorEnv):
+    def __init__(self, env):
         super().__init__()
         self.fc1 = nn.Linear(np.array(env.single_observation_space.shape).prod(), 256)
         self.fc2 = nn.Linear(256, 256)
@@ -405,7 +390,7 @@ class SACActor(nn.Module):
         self.fc_logstd = nn.Linear(256, np.prod(env.single_action_space.shape))
         _register_action_rescaling(self, env)  # action rescaling
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         mean = self.fc_mean(x)
@@ -414,7 +399,7 @@ class SACActor(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # From SpinUp / Denis Yarats
         return mean, log_std
 
-    def get_action(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def get_action(self, x):
         mean, log_std = self(x)
         std = log_std.exp()
         normal = torch.distributions.Normal(mean, std)
@@ -435,8 +420,7 @@ def plain_sac(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
     _seed(seed)
     device = torch.device(device)
     envs, qf1, qf2, qf1_target, qf2_target, rb = _continuous_setup(env_id, seed, device, args.buffer_size)
-    timing = Timing("sac", env_id, steps, learning_starts, torch.get_num_threads())
-    clock, logged = _Clock(timing, on_mark), []
+    timing, logged = Timing("sac", env_id, steps, learning_starts, on_mark), []
 
     actor = SACActor(envs).to(device)
     q_optimizer = optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr)
@@ -506,7 +490,7 @@ def plain_sac(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
 
             if global_step % LOG_EVERY == 0:  # a multiple of policy_frequency: actor_loss exists
                 logged.append(_critic_scalars(*critic, actor_loss) + (alpha,) + ((alpha_loss.item(),) if args.autotune else ()))
-        clock.step_done(global_step + 1)
+        timing.step_done(global_step + 1)
 
     envs.close()
     return timing
@@ -527,14 +511,14 @@ class TD3Args:
 
 
 class TD3Actor(nn.Module):
-    def __init__(self, env: gym.vector.VectorEnv):
+    def __init__(self, env):
         super().__init__()
         self.fc1 = nn.Linear(np.array(env.single_observation_space.shape).prod(), 256)
         self.fc2 = nn.Linear(256, 256)
         self.fc_mu = nn.Linear(256, np.prod(env.single_action_space.shape))
         _register_action_rescaling(self, env)  # action rescaling
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         x = torch.tanh(self.fc_mu(x))
@@ -547,8 +531,7 @@ def plain_td3(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
     _seed(seed)
     device = torch.device(device)
     envs, qf1, qf2, qf1_target, qf2_target, rb = _continuous_setup(env_id, seed, device, args.buffer_size)
-    timing = Timing("td3", env_id, steps, learning_starts, torch.get_num_threads())
-    clock, logged = _Clock(timing, on_mark), []
+    timing, logged = Timing("td3", env_id, steps, learning_starts, on_mark), []
 
     actor = TD3Actor(envs).to(device)
     target_actor = TD3Actor(envs).to(device)
@@ -599,7 +582,7 @@ def plain_td3(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
 
             if global_step % LOG_EVERY == 0:  # a multiple of policy_frequency: actor_loss exists
                 logged.append(_critic_scalars(*critic, actor_loss))
-        clock.step_done(global_step + 1)
+        timing.step_done(global_step + 1)
 
     envs.close()
     return timing

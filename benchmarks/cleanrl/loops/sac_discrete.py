@@ -42,7 +42,7 @@ def plain_sac_discrete(env_id: str, steps: int, learning_starts: int, seed: int 
     _seed(seed)
     device = torch.device("cpu")
     envs = make_envs(env_id, seed)
-    timing = plain_offpolicy.Timing("sac_discrete", env_id, steps, learning_starts, torch.get_num_threads())
+    timing = plain_offpolicy.Timing("sac_discrete", env_id, steps, learning_starts)
 
     actor = Actor(envs).to(device)
     qf1 = SoftQNetwork(envs).to(device)
