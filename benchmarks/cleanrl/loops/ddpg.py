@@ -5,39 +5,28 @@ benchmarks/cleanrl/README.md."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import numpy as np
 
 from loops.offpolicy import Trace
 
 
-@dataclass
-class DDPGArgs:  # ddpg_continuous_action.py's defaults
-    learning_rate: float = 3e-4
-    buffer_size: int = 1_000_000
-    gamma: float = 0.99
-    tau: float = 0.005
-    batch_size: int = 256
-    exploration_noise: float = 0.1
-    policy_frequency: int = 2
-
-
-def plain_ddpg(env_id: str, steps: int, learning_starts: int, seed: int = 1, args: DDPGArgs = DDPGArgs(), trace: Trace | None = None,
-               fleetrl_draws: bool = False, copied_targets: bool = False, fused_adam: bool = False) -> Trace:
-    """CleanRL's ddpg_continuous_action.py loop for ``steps`` env steps, with the switches above."""
+def plain_ddpg(env_id: str, steps: int, learning_starts: int, seed: int = 1, trace: Trace | None = None, fleetrl_draws: bool = False,
+               copied_targets: bool = False, fused_adam: bool = False) -> Trace:
+    """CleanRL's ddpg_continuous_action.py loop for ``steps`` env steps (its defaults), with the switches above."""
     import torch
     import torch.nn.functional as F
     import torch.optim as optim
 
-    from ddpg_continuous_action import Actor, QNetwork  # CleanRL's networks, from its file (benchmarks/cleanrl/)
+    from ddpg_continuous_action import Actor, Args, QNetwork  # CleanRL's, from its file (benchmarks/cleanrl/)
     from loops import offpolicy as plain_offpolicy
-    from loops.offpolicy import ReplayBuffer, _seed, _soft_update, make_envs
+    from loops.offpolicy import ReplayBuffer, _seed, make_envs
 
+    args = Args(env_id=env_id, total_timesteps=steps, learning_starts=learning_starts, seed=seed)
     trace = Trace() if trace is None else trace
-    _seed(seed)
+    _seed(args.seed)
     device = torch.device("cpu")
-    envs = make_envs(env_id, seed)
+    envs = make_envs(args.env_id, args.seed)
     timing = plain_offpolicy.Timing("ddpg", env_id, steps, learning_starts)
 
     actor = Actor(envs).to(device)
@@ -57,11 +46,11 @@ def plain_ddpg(env_id: str, steps: int, learning_starts: int, seed: int = 1, arg
     rb = ReplayBuffer(args.buffer_size, envs.single_observation_space, envs.single_action_space, device)
 
     # TRY NOT TO MODIFY: start the game
-    obs, _ = envs.reset(seed=seed)
+    obs, _ = envs.reset(seed=args.seed)
     space = envs.single_action_space
-    for global_step in range(steps):
+    for global_step in range(args.total_timesteps):
         # ALGO LOGIC: put action logic here
-        if global_step < learning_starts:
+        if global_step < args.learning_starts:
             if fleetrl_draws:  # fleetrl: numpy's global RNG (fleetrl.offpolicy.uniform_actions)
                 actions = np.random.uniform(space.low, space.high, (envs.num_envs, *space.low.shape)).astype(space.dtype)
             else:
@@ -80,7 +69,7 @@ def plain_ddpg(env_id: str, steps: int, learning_starts: int, seed: int = 1, arg
         obs = next_obs
 
         # ALGO LOGIC: training.
-        if global_step > learning_starts:
+        if global_step > args.learning_starts:
             data = rb.sample(args.batch_size)
             with torch.no_grad():
                 next_state_actions = target_actor(data.next_observations)
@@ -105,8 +94,11 @@ def plain_ddpg(env_id: str, steps: int, learning_starts: int, seed: int = 1, arg
                 actor_loss.backward()
                 actor_optimizer.step()
 
-                # update the target network (CleanRL's loop over the parameters: loops.offpolicy._soft_update)
-                _soft_update(args.tau, (actor, target_actor), (qf1, qf1_target))
+                # update the target network
+                for param, target_param in zip(actor.parameters(), target_actor.parameters()):
+                    target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
+                for param, target_param in zip(qf1.parameters(), qf1_target.parameters()):
+                    target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
                 trace.target_steps.append(global_step)
 
     envs.close()

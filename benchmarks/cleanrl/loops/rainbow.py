@@ -47,13 +47,14 @@ def plain_rainbow(env_id: str, steps: int, learning_starts: int, seed: int, trac
     docstring's three changes; ``trace`` records it."""
     import torch
     import torch.nn as nn
+    import torch.nn.functional as F
     import torch.optim as optim
 
     import rainbow_atari
     from loops import offpolicy as po
-    from rainbow_atari import NoisyLinear
+    from rainbow_atari import NoisyLinear, PrioritizedReplayBuffer
 
-    a = argparse.Namespace(total_timesteps=steps, learning_starts=learning_starts, **LOCKSTEP)
+    args = argparse.Namespace(seed=seed, total_timesteps=steps, learning_starts=learning_starts, tau=1.0, **LOCKSTEP)
 
     class NoisyDuelingDistributionalNetwork(rainbow_atari.NoisyDuelingDistributionalNetwork):
         """CleanRL's network with fleetrl's classic-control trunk for the CNN, and no /255 (vector observations)."""
@@ -75,24 +76,33 @@ def plain_rainbow(env_id: str, steps: int, learning_starts: int, seed: int, trac
             value = self.value_head(h).view(-1, 1, self.n_atoms)
             advantage = self.advantage_head(h).view(-1, self.n_actions, self.n_atoms)
             q_atoms = value + advantage - advantage.mean(dim=1, keepdim=True)
-            return torch.softmax(q_atoms, dim=2)
+            q_dist = F.softmax(q_atoms, dim=2)
+            return q_dist
 
     po._seed(seed)
     device = torch.device("cpu")
     envs = po.make_envs(env_id, seed)
-    q_network = NoisyDuelingDistributionalNetwork(envs, a.n_atoms, a.v_min, a.v_max).to(device)
-    optimizer = optim.Adam(q_network.parameters(), lr=a.learning_rate, eps=1.5e-4, fused=True)
-    target_network = NoisyDuelingDistributionalNetwork(envs, a.n_atoms, a.v_min, a.v_max).to(device)
+    q_network = NoisyDuelingDistributionalNetwork(envs, args.n_atoms, args.v_min, args.v_max).to(device)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=1.5e-4, fused=True)
+    target_network = NoisyDuelingDistributionalNetwork(envs, args.n_atoms, args.v_min, args.v_max).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    rb = rainbow_atari.PrioritizedReplayBuffer(a.buffer_size, envs.single_observation_space.shape, device, a.n_step, a.gamma,
-                                             a.prioritized_replay_alpha, a.prioritized_replay_beta, a.prioritized_replay_eps)
-    rb.buffer_obs = np.zeros((a.buffer_size, *envs.single_observation_space.shape), np.float32)  # uint8 frames in CleanRL
+    rb = PrioritizedReplayBuffer(
+        args.buffer_size,
+        envs.single_observation_space.shape,
+        device,
+        args.n_step,
+        args.gamma,
+        args.prioritized_replay_alpha,
+        args.prioritized_replay_beta,
+        args.prioritized_replay_eps,
+    )
+    rb.buffer_obs = np.zeros((args.buffer_size, *envs.single_observation_space.shape), np.float32)  # uint8 frames in CleanRL
     rb.buffer_next_obs = np.zeros_like(rb.buffer_obs)
 
-    obs, _ = envs.reset(seed=seed)
-    for global_step in range(a.total_timesteps):
+    obs, _ = envs.reset(seed=args.seed)
+    for global_step in range(args.total_timesteps):
         # anneal PER beta to 1
-        rb.beta = min(1.0, a.prioritized_replay_beta + global_step * (1.0 - a.prioritized_replay_beta) / a.total_timesteps)
+        rb.beta = min(1.0, args.prioritized_replay_beta + global_step * (1.0 - args.prioritized_replay_beta) / args.total_timesteps)
 
         # ALGO LOGIC: put action logic here
         with torch.no_grad():
@@ -110,12 +120,12 @@ def plain_rainbow(env_id: str, steps: int, learning_starts: int, seed: int, trac
         obs = next_obs
 
         # ALGO LOGIC: training.
-        if global_step > a.learning_starts:
-            if global_step % a.train_frequency == 0:
+        if global_step > args.learning_starts:
+            if global_step % args.train_frequency == 0:
                 # reset the noise for both networks
                 q_network.reset_noise()
                 target_network.reset_noise()
-                data = rb.sample(a.batch_size)
+                data = rb.sample(args.batch_size)
 
                 with torch.no_grad():
                     next_dist = target_network(data.next_observations)  # [B, num_actions, n_atoms]
@@ -126,18 +136,18 @@ def plain_rainbow(env_id: str, steps: int, learning_starts: int, seed: int, trac
                     next_dist_online = q_network(data.next_observations)  # [B, num_actions, n_atoms]
                     next_q_online = torch.sum(next_dist_online * support, dim=2)  # [B, num_actions]
                     best_actions = torch.argmax(next_q_online, dim=1)  # [B]
-                    next_pmfs = next_dist[torch.arange(a.batch_size), best_actions]  # [B, n_atoms]
+                    next_pmfs = next_dist[torch.arange(args.batch_size), best_actions]  # [B, n_atoms]
 
                     # compute the n-step Bellman update.
-                    gamma_n = a.gamma**a.n_step
+                    gamma_n = args.gamma**args.n_step
                     next_atoms = data.rewards + gamma_n * support * (1 - data.dones.float())
                     tz = next_atoms.clamp(q_network.v_min, q_network.v_max)
 
                     # projection
                     delta_z = q_network.delta_z
                     b = (tz - q_network.v_min) / delta_z  # shape: [B, n_atoms]
-                    l = b.floor().clamp(0, a.n_atoms - 1)  # noqa: E741 - CleanRL's name
-                    u = b.ceil().clamp(0, a.n_atoms - 1)
+                    l = b.floor().clamp(0, args.n_atoms - 1)  # noqa: E741 - CleanRL's name
+                    u = b.ceil().clamp(0, args.n_atoms - 1)
 
                     # (l == u).float() handles the case where bj is exactly an integer
                     # example bj = 1, then the upper ceiling should be uj= 2, and lj= 1
@@ -150,7 +160,7 @@ def plain_rainbow(env_id: str, steps: int, learning_starts: int, seed: int, trac
                         target_pmfs[i].index_add_(0, u[i].long(), d_m_u[i])
 
                 dist = q_network(data.observations)  # [B, num_actions, n_atoms]
-                pred_dist = dist.gather(1, data.actions.unsqueeze(-1).expand(-1, -1, a.n_atoms)).squeeze(1)
+                pred_dist = dist.gather(1, data.actions.unsqueeze(-1).expand(-1, -1, args.n_atoms)).squeeze(1)
                 log_pred = torch.log(pred_dist.clamp(min=1e-5, max=1 - 1e-5))
 
                 loss_per_sample = -(target_pmfs * log_pred).sum(dim=1)
@@ -171,9 +181,9 @@ def plain_rainbow(env_id: str, steps: int, learning_starts: int, seed: int, trac
                 optimizer.step()
 
             # update target network
-            if global_step % a.target_network_frequency == 0:
+            if global_step % args.target_network_frequency == 0:
                 for target_param, param in zip(target_network.parameters(), q_network.parameters()):
-                    target_param.data.copy_(1.0 * param.data + (1.0 - 1.0) * target_param.data)  # tau 1.0
+                    target_param.data.copy_(args.tau * param.data + (1.0 - args.tau) * target_param.data)
                 trace.target_steps.append(global_step)
     envs.close()
     trace.final_params = {k: v.clone() for k, v in q_network.state_dict().items()}

@@ -5,43 +5,30 @@ benchmarks/cleanrl/README.md."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import numpy as np
 
 from loops.offpolicy import Trace
 
 
-@dataclass
-class SACArgs:  # sac_atari.py's defaults, with fleetrl's classic-control buffer and target cadence
-    buffer_size: int = 100_000
-    gamma: float = 0.99
-    tau: float = 1.0
-    batch_size: int = 64
-    policy_lr: float = 3e-4
-    q_lr: float = 3e-4
-    update_frequency: int = 4
-    target_network_frequency: int = 500
-    alpha: float = 0.2
-    autotune: bool = True
-    target_entropy_scale: float = 0.89
-
-
-def plain_sac_discrete(env_id: str, steps: int, learning_starts: int, seed: int = 1, args: SACArgs = SACArgs(), fleetrl_draws: bool = False,
+def plain_sac_discrete(env_id: str, steps: int, learning_starts: int, seed: int = 1, fleetrl_draws: bool = False,
                        copied_targets: bool = False, fused_adam: bool = False) -> Trace:
-    """CleanRL's sac_atari.py loop for ``steps`` env steps, with the switches above."""
+    """CleanRL's sac_atari.py loop for ``steps`` env steps, its defaults but fleetrl's classic-control buffer and target
+    cadence, with the switches above."""
     import torch
     import torch.nn.functional as F
     import torch.optim as optim
 
     from loops import offpolicy as plain_offpolicy
     from loops.offpolicy import ReplayBuffer, _seed, make_envs
-    from sac_atari import Actor, SoftQNetwork  # CleanRL's networks, from its file (benchmarks/cleanrl/)
+    from sac_atari import Actor, Args, SoftQNetwork  # CleanRL's, from its file (benchmarks/cleanrl/)
 
+    args = Args(env_id=env_id, total_timesteps=steps, learning_starts=learning_starts, seed=seed, buffer_size=100_000,
+                target_network_frequency=500)
     trace = Trace()
-    _seed(seed)
+    _seed(args.seed)
     device = torch.device("cpu")
-    envs = make_envs(env_id, seed)
+    envs = make_envs(args.env_id, args.seed)
     timing = plain_offpolicy.Timing("sac_discrete", env_id, steps, learning_starts)
 
     actor = Actor(envs).to(device)
@@ -71,10 +58,10 @@ def plain_sac_discrete(env_id: str, steps: int, learning_starts: int, seed: int 
     rb = ReplayBuffer(args.buffer_size, envs.single_observation_space, envs.single_action_space, device)
 
     # TRY NOT TO MODIFY: start the game
-    obs, _ = envs.reset(seed=seed)
-    for global_step in range(steps):
+    obs, _ = envs.reset(seed=args.seed)
+    for global_step in range(args.total_timesteps):
         # ALGO LOGIC: put action logic here
-        if global_step < learning_starts:
+        if global_step < args.learning_starts:
             if fleetrl_draws:  # fleetrl: numpy's global RNG (fleetrl.offpolicy.uniform_actions)
                 actions = np.random.randint(envs.single_action_space.n, size=envs.num_envs)
             else:
@@ -91,7 +78,7 @@ def plain_sac_discrete(env_id: str, steps: int, learning_starts: int, seed: int 
         obs = next_obs
 
         # ALGO LOGIC: training.
-        if global_step > learning_starts:
+        if global_step > args.learning_starts:
             if global_step % args.update_frequency == 0:
                 data = rb.sample(args.batch_size)
                 # CRITIC training
