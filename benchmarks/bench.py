@@ -1,4 +1,4 @@
-"""What speed.py, costs.py and gpu_check.py share: one way to alternate sides, to run a side in its own (pinned) process,
+"""What the benchmark scripts share: one way to alternate sides, to run a side in its own (pinned) process,
 to run `fleetrl train` and read its scalars, and to print a markdown table. Not run on its own."""
 
 from __future__ import annotations
@@ -80,6 +80,15 @@ def median_us(fn, calls: int, repeats: int, clock=time.perf_counter) -> float:
             fn()
         times.append((clock() - start) / calls * 1e6)
     return statistics.median(times)
+
+
+def seed_list(text: str) -> tuple[int, ...]:
+    """``1-3`` or ``1,4,5``."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        seeds += range(int(low), int(high or low) + 1)
+    return tuple(seeds)
 
 
 def fmt(value: float | None, spec: str = ",.0f") -> str:

@@ -22,7 +22,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -33,8 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from bench import HERE, ROOT, env_with_path, host_line, seed_list
 PENDULUM = ["--env-id", "InvertedPendulum-v5", "--env-backend", "sync"]
 CARTPOLE = ["--env-id", "CartPole-v1"]
 CHEETAH = ["--env-id", "HalfCheetah-v5"]
@@ -116,10 +114,6 @@ CHECKS = [
 SUITES = ("checks", "full", "memory", "cheetah", "multiagent")
 
 
-def run_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-
-
 def command(check: Check, seed: int, run_dir: Path) -> list[str]:
     """The process that makes one run, with one torch thread, writing its episode returns into ``run_dir``."""
     head, *flags = check.command
@@ -127,7 +121,7 @@ def command(check: Check, seed: int, run_dir: Path) -> list[str]:
     if head.startswith("plain:"):
         return [sys.executable, __file__, "--plain", head[len("plain:"):], *flags, *common]
     if head == "ippo":
-        return [sys.executable, str(HERE / "ippo_pettingzoo.py"), *flags, *common]
+        return [sys.executable, os.path.join(HERE, "ippo_pettingzoo.py"), *flags, *common]
     stop = ["--stop-at-return", str(check.bar), "--stop-window", str(check.window)] if check.stop and check.bar is not None else []
     return [sys.executable, "-m", "fleetrl", "train", head, *flags, *common, *stop, "--torch-threads", "1", "--no-cuda", "--no-progress",
             "--checkpoint-every", "100000"]
@@ -152,7 +146,7 @@ def measured(argv: list[str]) -> tuple[int, str, float]:
     """Run ``argv``: its exit status, its stderr, and the CPU seconds it and the children it waited for used (what a
     run costs; its wall time on a shared machine depends on the other jobs)."""
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, text=True, env=run_env(), cwd=ROOT)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env_with_path(OMP_NUM_THREADS="1"), cwd=ROOT)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
@@ -179,7 +173,7 @@ def run(check: Check, seed: int, out: Path) -> dict:
                   met=check.bar is None or score >= check.bar)
     if check.eval_episodes:
         evaluated = subprocess.run([sys.executable, "-m", "fleetrl", "eval", str(run_dir), "--episodes", str(check.eval_episodes), "--json"],
-                                   capture_output=True, text=True, env=run_env(), cwd=ROOT)
+                                   capture_output=True, text=True, env=env_with_path(OMP_NUM_THREADS="1"), cwd=ROOT)
         last = float(returns[-check.window:].mean())
         mean = json.loads(evaluated.stdout.strip().splitlines()[-1])["mean_return"] if evaluated.returncode == 0 else float("nan")
         result.update(eval_return=mean, last_training=last, met=result["met"] and mean >= 0.9 * last)
@@ -191,7 +185,7 @@ def needed(check: Check, seeds: int) -> int:
 
 
 def table(checks: list[Check], results: dict[str, list[dict]], host: str) -> str:
-    lines = [f"Host: {host}", "",
+    lines = [host, "",
              "| check | algorithm | env | seed | budget | bar | score | reached at step | eval | met | wall s | CPU s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for check in checks:
@@ -248,7 +242,6 @@ def plain(argv: list[str]) -> None:
     import torch
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(HERE / "cleanrl"))
     from loops import offpolicy as plain_offpolicy
 
     learning_starts = importlib.import_module(f"fleetrl.algos.{opts.algo}").FAMILY_DEFAULTS["mujoco"]["learning_starts"]  # as fleetrl's side
@@ -256,25 +249,6 @@ def plain(argv: list[str]) -> None:
     os.makedirs(opts.run_dir, exist_ok=True)
     steps = [1000 * (k + 1) for k in range(len(returns))]  # one env, and HalfCheetah's episodes never end early: 1,000 steps
     Path(opts.run_dir, "returns.json").write_text(json.dumps({"steps": steps, "returns": returns}))
-
-
-def cpu_model() -> str:
-    """The CPU's name and whether it has bf16: a learning bar must hold on both numerics paths."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), platform.machine())
-    return f"{name} ({'avx512_bf16' if 'avx512_bf16' in info else 'no bf16'})"
-
-
-def seed_list(text: str) -> tuple[int, ...]:
-    """``1-3`` or ``1,4,5``."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        seeds += range(int(low), int(high or low) + 1)
-    return tuple(seeds)
 
 
 def main() -> None:
@@ -287,7 +261,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=seed_list, help="seeds for every check, e.g. 1-3 or 1,4 (default: each check's own)")
     parser.add_argument("--steps", type=int, help="one budget for every run instead of each check's own (a quick try)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at the same time, one torch thread each")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "learning", help="the runs' folders (each started afresh)")
+    parser.add_argument("--out", type=Path, default=Path(ROOT, "runs", "learning"), help="the runs' folders (each started afresh)")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     parser.add_argument("--png", help="also plot every run's rolling mean here")
     opts = parser.parse_args()
@@ -308,11 +282,9 @@ def main() -> None:
         for (check, _), result in zip(jobs, pool.map(lambda job: run(*job, out), jobs)):
             results[check.name].append(result)
             print(json.dumps(result), flush=True)
-    sys.path.insert(0, str(ROOT))
     import torch
 
-    host = (f"{cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {opts.parallel} runs at a "
-            f"time, {time.strftime('%Y-%m-%d')}")
+    host = f"{host_line()}; torch {torch.__version__}, {opts.parallel} runs at a time"
     command_line = f"python benchmarks/learning.py {' '.join(sys.argv[1:])}".strip()
     text = (f"`{command_line}`\n\n" + table(checks, results, host)
             + f"\n\nWall time: {(time.perf_counter() - started) / 60:.1f} min")
@@ -323,7 +295,7 @@ def main() -> None:
         plot(checks, out, opts.png)
     if opts.suite == "multiagent":  # rliable intervals over the seeds
         subprocess.run([sys.executable, "-m", "fleetrl", "compare", *(str(out / c.name) for c in checks), "--labels",
-                        *(c.name for c in checks), "--out", str(out / "compare")], env=run_env(), check=False)
+                        *(c.name for c in checks), "--out", str(out / "compare")], env=env_with_path(OMP_NUM_THREADS="1"), check=False)
     failed = [c.name for c in checks if c.bar is not None and sum(r["met"] for r in results[c.name]) < needed(c, len(results[c.name]))]
     sys.exit(1 if failed else 0)
 

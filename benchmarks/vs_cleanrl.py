@@ -39,9 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import alternate, fmt, med, seed_list, table
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 ALGOS = sorted(p.stem for p in (HERE / "versus").glob("*.py") if p.stem not in ("__init__", "common"))
 LAST = (20, 100)  # episodes averaged for a run's score (the first is the tested one)
 EXACT_LIMIT = 1_000_000  # splits enumerated for an exact test; more are sampled
@@ -109,24 +110,18 @@ def run_one(algo, side: str, env_id: str, seed: int, opts: argparse.Namespace, k
 
 # ============================================================================ speed
 def speed(algo, opts: argparse.Namespace) -> None:
-    sides = opts.sides.split(",")
-    results: dict[str, list[dict]] = {side: [] for side in sides}
-    for repeat in range(opts.repeats):
-        for side in (sides if repeat % 2 == 0 else sides[::-1]):  # alternating
-            r = run_one(algo, side, opts.env_id, 1, opts, "speed", repeat)
-            results[side].append(r)
-            print(f"{side} repeat {repeat}: {r['loop_sps']:,.0f} SPS in the loop, {r['steps'] / r['wall_s']:,.0f} wall", flush=True)
+    runs = alternate(opts.sides.split(","), opts.repeats, lambda side, repeat: run_one(algo, side, opts.env_id, 1, opts, "speed", repeat),
+                     lambda side, r: f"{r['loop_sps']:,.0f} SPS in the loop, {r['steps'] / r['wall_s']:,.0f} wall")
     measures = {"SPS in the loop": lambda r: r["loop_sps"], "SPS, wall, start-up included": lambda r: r["steps"] / r["wall_s"],
                 "SPS per CPU second": lambda r: r["steps"] / r["cpu_s"]}
-    base = {m: np.median([f(r) for r in results[sides[0]]]) for m, f in measures.items()}
+    first = next(iter(runs))
+    base = {m: med(f(r) for r in runs[first]) for m, f in measures.items()}
     print(f"\n{opts.env_id}, {opts.steps:,} steps a run, flags {shlex.join(algo.flags(opts.env_id, opts)) or 'none'}, CleanRL's "
           f"other defaults, seed 1, medians of {opts.repeats}, alternating; one process at a time, {opts.threads} torch thread(s) "
           f"a side, taskset -c {opts.cpu}; fleetrl's extra flags: {opts.fleetrl_flags or 'none'}\n")
-    print("| side | " + " | ".join(f"{m} (median) | vs {sides[0]}" for m in measures) + " | runs (in the loop) |")
-    print("| --- " * (2 + 2 * len(measures)) + "|")
-    for side, runs in results.items():
-        cells = [f"{np.median([f(r) for r in runs]):,.0f} | {np.median([f(r) for r in runs]) / base[m]:.2f}x" for m, f in measures.items()]
-        print(f"| {side} | " + " | ".join(cells) + " | " + ", ".join(f"{r['loop_sps']:,.0f}" for r in runs) + " |")
+    print(table(["side", *(c for m in measures for c in (f"{m} (median)", f"vs {first}")), "runs (in the loop)"],
+                [[side, *(c for m, f in measures.items() for c in (fmt(med(f(r) for r in rs)), f"{med(f(r) for r in rs) / base[m]:.2f}x")),
+                  ", ".join(fmt(r["loop_sps"]) for r in rs)] for side, rs in runs.items()]))
 
 
 # ============================================================================ learning
@@ -165,16 +160,12 @@ def p_text(p: float) -> str:
 
 
 def learn(algo, opts: argparse.Namespace) -> None:
-    sides = opts.sides.split(",")
-    low, _, high = opts.seeds.partition("-")
-    seeds = list(range(int(low), int(high or low) + 1))
+    sides, seeds = opts.sides.split(","), list(seed_list(opts.seeds))
     for env_id in opts.env_id.split(","):
-        runs: dict[str, dict[int, dict]] = {side: {} for side in sides}
-        for i, seed in enumerate(seeds):
-            for side in (sides if i % 2 == 0 else sides[::-1]):  # alternating
-                r = runs[side][seed] = run_one(algo, side, env_id, seed, opts, "learn")
-                print(f"{side} {env_id} seed {seed}: last-20 mean {np.mean(r['returns'][-20:]):.1f} ({len(r['returns'])} episodes), "
-                      f"{r['wall_s'] / 60:.1f} min", flush=True)
+        runs = alternate(sides, len(seeds), lambda side, i: run_one(algo, side, env_id, seeds[i], opts, "learn"),
+                         lambda side, r: f"{env_id} seed {r['seed']}: last-20 mean {np.mean(r['returns'][-20:]):.1f} "
+                                         f"({len(r['returns'])} episodes), {r['wall_s'] / 60:.1f} min")
+        runs = {side: dict(zip(seeds, rs)) for side, rs in runs.items()}
         print(learn_table(algo, env_id, sides, seeds, runs, opts))
         compared = [s for s in sides if not (algo.sides.get(s) and algo.sides[s].in_process)]  # those with TensorBoard folders
         if len(compared) > 1:
@@ -230,7 +221,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help=f"default: {algo.steps}")
     parser.add_argument("--learning-starts", type=int, help=f"default: {algo.learning_starts or 0}")
     parser.add_argument("--seed", type=int, default=algo.lockstep_seed, help="for --lockstep")
-    parser.add_argument("--seeds", default="1-10", help="for --learn: FIRST-LAST")
+    parser.add_argument("--seeds", default="1-10", help="for --learn: FIRST-LAST or a list, e.g. 1,4")
     parser.add_argument("--sides", help=f"for --speed and --learn, the first the reference: cleanrl, fleetrl, {', '.join(algo.sides)}")
     parser.add_argument("--repeats", type=int, default=3, help="for --speed")
     parser.add_argument("--cpu", default="1", help="taskset -c for every run")
