@@ -63,6 +63,19 @@ class Algo:
 
 
 # ============================================================================ fleetrl's side of a lockstep
+@contextmanager
+def patched(owner: Any, **replacements: Any):
+    """While open, ``owner``'s attributes replaced (a recording wrapper of an engine call), restored however it ends."""
+    real = {name: getattr(owner, name) for name in replacements}
+    for name, value in replacements.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in real.items():
+            setattr(owner, name, value)
+
+
 def fleetrl_run(module: Any, **kwargs: Any) -> tuple[Any, dict]:
     """``module.train`` on one thread, CPU, the sync backend, in a temporary folder: what it returned, its last checkpoint."""
     from fleetrl import checkpoint
@@ -80,8 +93,7 @@ def recording(module: Any, trace: Any, calls_per_target: int = 1):
     into ``trace``: each step's action (``step_envs``), each optimiser step's global step and loss
     (``optimizer_step``), each target update's global step (``soft_update``, ``calls_per_target`` calls an update: one
     per network). A global step is CleanRL's loop variable: the steps taken before the last one."""
-    calls = (module.step_envs, module.optimizer_step, module.soft_update)
-    step_envs, optimizer_step, soft_update = calls
+    step_envs, optimizer_step, soft_update = module.step_envs, module.optimizer_step, module.soft_update
     targets = [0]
 
     def record_step(envs, rb, obs, actions, *rest):
@@ -100,11 +112,8 @@ def recording(module: Any, trace: Any, calls_per_target: int = 1):
         targets[0] += 1
         return soft_update(target, source, tau)
 
-    module.step_envs, module.optimizer_step, module.soft_update = record_step, record_update, record_target
-    try:
+    with patched(module, step_envs=record_step, optimizer_step=record_update, soft_update=record_target):
         yield trace
-    finally:
-        module.step_envs, module.optimizer_step, module.soft_update = calls
 
 
 def renamed(state: dict[str, dict], names: dict[str, str]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from versus.common import Algo, Side, cleanrl_on_path, compare, fleetrl_run, recording
+from versus.common import Algo, Side, cleanrl_on_path, compare, fleetrl_run, patched, recording
 
 cleanrl_on_path()
 from loops.offpolicy import Trace, plain_dqn  # noqa: E402
@@ -36,12 +36,8 @@ def fleetrl_trace(seed: int, steps: int, learning_starts: int, env_id: str = "Ca
             return q_values
         return q_values_of
 
-    dqn.host_forward = recording_host_forward
-    try:
-        with recording(dqn, trace):
-            trace.final_params = fleetrl_run(dqn, env_id=env_id, seed=seed, total_timesteps=steps, learning_starts=learning_starts)[1]["q_network"]
-    finally:
-        dqn.host_forward = host_forward
+    with patched(dqn, host_forward=recording_host_forward), recording(dqn, trace):
+        trace.final_params = fleetrl_run(dqn, env_id=env_id, seed=seed, total_timesteps=steps, learning_starts=learning_starts)[1]["q_network"]
     return trace
 
 

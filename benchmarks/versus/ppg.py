@@ -17,7 +17,7 @@ import tempfile
 
 import numpy as np
 
-from versus.common import Algo, Side, cleanrl_on_path, both_roundings, gap
+from versus.common import Algo, Side, both_roundings, cleanrl_on_path, gap, patched
 
 cleanrl_on_path()
 from loops.ppg import LOCKSTEP, Record  # noqa: E402
@@ -32,9 +32,8 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
     from fleetrl.distributed import Dist
 
     record = Record()
-    real = (torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss, ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.after_update,
-            ppg.AuxiliaryPhase.distil, torch.Tensor.backward)
-    randperm, shuffle, normalize, ppo_loss, aux_init, aux_call, distil, backward = real
+    randperm, shuffle, normalize, ppo_loss, backward = torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss, torch.Tensor.backward
+    aux_init, aux_call, distil = ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.after_update, ppg.AuxiliaryPhase.distil
     in_distil = [False]
 
     def record_randperm(n, *args, **kwargs):
@@ -78,17 +77,12 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
             record.aux_losses.append(self.item())
         return backward(self, *args, **kwargs)
 
-    torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss = record_randperm, record_shuffle, record_normalize, record_loss
-    ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.after_update, ppg.AuxiliaryPhase.distil = record_init, record_call, record_distil
-    torch.Tensor.backward = record_backward
-    try:
-        with tempfile.TemporaryDirectory() as runs:
-            ppg.train(ppg.Args(env_id=env_id, seed=seed, torch_threads=1, cuda=False, env_backend="envpool", progress=False, precision="fp32",
-                               memory_format="contiguous",  # CleanRL's layout: channels-last rounds convolutions its own way
-                               actor_device="cpu", run_dir=os.path.join(runs, "run"), **LOCKSTEP))
-    finally:
-        torch.randperm, np.random.shuffle, Dist.normalize, ppo.ppo_loss = real[:4]
-        ppg.AuxiliaryPhase.__init__, ppg.AuxiliaryPhase.after_update, ppg.AuxiliaryPhase.distil, torch.Tensor.backward = real[4:]
+    with (patched(torch, randperm=record_randperm), patched(np.random, shuffle=record_shuffle), patched(Dist, normalize=record_normalize),
+          patched(ppo, ppo_loss=record_loss), patched(torch.Tensor, backward=record_backward),
+          patched(ppg.AuxiliaryPhase, __init__=record_init, after_update=record_call, distil=record_distil), tempfile.TemporaryDirectory() as runs):
+        ppg.train(ppg.Args(env_id=env_id, seed=seed, torch_threads=1, cuda=False, env_backend="envpool", progress=False, precision="fp32",
+                           memory_format="contiguous",  # CleanRL's layout: channels-last rounds convolutions its own way
+                           actor_device="cpu", run_dir=os.path.join(runs, "run"), **LOCKSTEP))
     return record
 
 

@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from versus.common import Algo, cleanrl_on_path, both_roundings, gap
+from versus.common import Algo, both_roundings, cleanrl_on_path, gap, patched
 
 cleanrl_on_path()
 from loops.ppo_rnd import LOCKSTEP, Record  # noqa: E402
@@ -36,20 +36,17 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
     record = Record()
     curiosity = ppo_rnd.Curiosity
     real = (curiosity.__init__, curiosity.advantage, curiosity.loss)
+    update = RunningMeanStd.update
 
     def record_init(self, run, agent, *args):
         record.initial = {k: v.clone() for k, v in agent.state_dict().items()}
-        update = RunningMeanStd.update
 
         def keep(rms, batch, allreduce=None):  # only the random-action start updates statistics here
             record.warmup_batches.append(np.array(batch))
             return update(rms, batch, allreduce)
 
-        RunningMeanStd.update = keep
-        try:
+        with patched(RunningMeanStd, update=keep):
             real[0](self, run, agent, *args)
-        finally:
-            RunningMeanStd.update = update
         record.warmup_stats = (self.obs_rms.mean.copy(), self.obs_rms.var.copy())
 
     def record_advantage(self, b):
@@ -84,15 +81,11 @@ def fleetrl_record(env_id: str, seed: int) -> Record:
         record.losses.append(loss.item())
         return loss, stats
 
-    curiosity.__init__, curiosity.advantage, curiosity.loss = record_init, record_advantage, record_loss
-    try:
-        with tempfile.TemporaryDirectory() as runs:
-            run_dir = os.path.join(runs, "run")
-            ppo_rnd.train(ppo_rnd.Args(env_id=env_id, seed=seed, torch_threads=1, cuda=False, env_backend="ale", progress=False,
-                                       precision="fp32", memory_format="contiguous", actor_device="cpu", run_dir=run_dir, **LOCKSTEP))
-            model = checkpoint.load_checkpoint(run_dir)["model"]
-    finally:
-        curiosity.__init__, curiosity.advantage, curiosity.loss = real
+    with patched(curiosity, __init__=record_init, advantage=record_advantage, loss=record_loss), tempfile.TemporaryDirectory() as runs:
+        run_dir = os.path.join(runs, "run")
+        ppo_rnd.train(ppo_rnd.Args(env_id=env_id, seed=seed, torch_threads=1, cuda=False, env_backend="ale", progress=False,
+                                   precision="fp32", memory_format="contiguous", actor_device="cpu", run_dir=run_dir, **LOCKSTEP))
+        model = checkpoint.load_checkpoint(run_dir)["model"]
     record.weights.append([model[k] for k, v in record.initial.items() if not k.startswith("rnd.target.")])
     return record
 

@@ -13,7 +13,7 @@ import argparse
 
 import numpy as np
 
-from versus.common import Algo, cleanrl_on_path, compare, fleetrl_run
+from versus.common import Algo, cleanrl_on_path, compare, fleetrl_run, patched
 
 
 def fleetrl_trace(seed: int, steps: int, env_id: str = "CartPole-v1"):
@@ -24,7 +24,7 @@ def fleetrl_trace(seed: int, steps: int, env_id: str = "CartPole-v1"):
     from loops.offpolicy import Trace
 
     trace = Trace()
-    calls = (pqn.rollout, pqn.q_lambda_returns, pqn.td_loss, torch.randperm)
+    rollout, q_lambda_returns, td_loss, randperm = pqn.rollout, pqn.q_lambda_returns, pqn.td_loss, torch.randperm
 
     def recording_rollout(steps_, *args, **kwargs):
         num_actions = kwargs["num_actions"]
@@ -36,30 +36,27 @@ def fleetrl_trace(seed: int, steps: int, env_id: str = "CartPole-v1"):
                 trace.uniforms.append(np.stack([uniform[:, 0], random_actions], 1))
                 yield due
 
-        return calls[0](recorded(), *args, **kwargs)
+        return rollout(recorded(), *args, **kwargs)
 
     def recording_returns(b, gamma, q_lambda):
-        returns = calls[1](b, gamma, q_lambda)
+        returns = q_lambda_returns(b, gamma, q_lambda)
         trace.returns.append(returns.copy())
         trace.actions += b.actions.tolist()  # every step's actions, as stored and sent
         trace.truncations += int((b.dones & ~b.terminated).sum())
         return returns
 
     def recording_loss(q_network, mb):
-        loss, old_val = calls[2](q_network, mb)
+        loss, old_val = td_loss(q_network, mb)
         trace.losses.append(loss.item())
         return loss, old_val
 
     def recording_randperm(n, *args, **kwargs):
-        perm = calls[3](n, *args, **kwargs)
+        perm = randperm(n, *args, **kwargs)
         trace.permutations.append(perm.numpy().copy())
         return perm
 
-    pqn.rollout, pqn.q_lambda_returns, pqn.td_loss, torch.randperm = recording_rollout, recording_returns, recording_loss, recording_randperm
-    try:
+    with patched(pqn, rollout=recording_rollout, q_lambda_returns=recording_returns, td_loss=recording_loss), patched(torch, randperm=recording_randperm):
         trace.final_params = fleetrl_run(pqn, env_id=env_id, seed=seed, total_timesteps=steps, precision="fp32")[1]["model"]
-    finally:
-        pqn.rollout, pqn.q_lambda_returns, pqn.td_loss, torch.randperm = calls
     return trace
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from versus.common import Algo, cleanrl_on_path, compare, fleetrl_run, recording
+from versus.common import Algo, cleanrl_on_path, compare, fleetrl_run, patched, recording
 
 cleanrl_on_path()
 from loops.offpolicy import Trace  # noqa: E402
@@ -35,13 +35,9 @@ def fleetrl_trace(seed: int, steps: int, learning_starts: int, env_id: str = "En
         trace.priorities.append(errors.numpy().copy())
         return update_priorities(self, indices, errors)
 
-    ReplayBuffer.sample, ReplayBuffer.update_priorities = record_sample, record_priorities
-    try:
-        with recording(dqn, trace):
-            trace.final_params = fleetrl_run(rainbow, env_id=f"loops.rainbow:{env_id}", seed=seed, total_timesteps=steps,
-                                             learning_starts=learning_starts, **LOCKSTEP)[1]["q_network"]
-    finally:
-        ReplayBuffer.sample, ReplayBuffer.update_priorities = sample, update_priorities
+    with patched(ReplayBuffer, sample=record_sample, update_priorities=record_priorities), recording(dqn, trace):
+        trace.final_params = fleetrl_run(rainbow, env_id=f"loops.rainbow:{env_id}", seed=seed, total_timesteps=steps,
+                                         learning_starts=learning_starts, **LOCKSTEP)[1]["q_network"]
     return trace
 
 
