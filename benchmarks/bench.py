@@ -3,6 +3,7 @@ to run `fleetrl train` and read its scalars, and to print a markdown table. Not 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -80,6 +81,16 @@ def median_us(fn, calls: int, repeats: int, clock=time.perf_counter) -> float:
             fn()
         times.append((clock() - start) / calls * 1e6)
     return statistics.median(times)
+
+
+def add_flags(parser: argparse.ArgumentParser, **flags: Any) -> argparse.ArgumentParser:
+    """A ``--name`` flag for each keyword (``_`` becomes ``-``), typed as its default: ``name=default`` or
+    ``name=(default, "help")``; a ``False`` default makes a switch."""
+    for name, value in flags.items():
+        default, text = value if isinstance(value, tuple) else (value, None)
+        kind = {"action": "store_true"} if default is False else {"type": type(default), "default": default}
+        parser.add_argument("--" + name.replace("_", "-"), help=text, **kind)
+    return parser
 
 
 def seed_list(text: str) -> tuple[int, ...]:

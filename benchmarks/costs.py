@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import ROOT, alternate, env_with_path, fmt, host_line, med, median_us, run_process, table
+from bench import ROOT, add_flags, alternate, env_with_path, fmt, host_line, med, median_us, run_process, table
 
 RUN_PPO = ["train", "ppo", "--env-id", "CartPole-v1", "--total-timesteps", "512", "--no-cuda", "--no-progress"]
 
@@ -470,29 +470,22 @@ def main() -> None:
     p = {name: sub.add_parser(name, help=(fn.__doc__ or "").split(". ")[0], description=fn.__doc__) for name, fn in commands.items()}
     for name, repeats in (("learner-start", 5), ("learner-step", 3), ("radam", 5), ("startup", 5), ("per", 2000)):
         p[name].add_argument("--repeats", type=int, default=repeats)
-    p["learner-start"].add_argument("--nets", default="mlp,cnn", help="mlp (DQN's CartPole network), cnn (the Nature CNN)")
-    p["learner-start"].add_argument("--methods", default="fork,forkserver,spawn", help="start methods to measure")
-    p["learner-start"].add_argument("--setup-seconds", type=float, default=5.0, help="between the constructor and the first update")
-    p["learner-step"].add_argument("--steps", type=int, default=5, help="timed learner steps per setting per repeat (acting: 10x)")
-    p["learner-step"].add_argument("--threads", type=int, default=2)
-    p["learner-step"].add_argument("--no-compile", action="store_true", help="leave out the compiled settings (each compiles ~15-40 s)")
-    p["radam"].add_argument("--calls", type=int, default=1000)
-    p["replay-memory"].add_argument("--env-id", default="BreakoutNoFrameskip-v4")
-    p["replay-memory"].add_argument("--backend", default="sync")
-    p["replay-memory"].add_argument("--capacity", type=int, default=1_000_000, help="DQN Atari's --buffer-size")
-    p["replay-memory"].add_argument("--source-steps", type=int, default=3_000, help="real env steps recorded, then cycled")
-    p["per"].add_argument("--capacity", type=int, default=1_000_000)
-    p["per"].add_argument("--cleanrl-repeats", type=int, default=300)
-    p["soak"].add_argument("--minutes", type=float, default=20.0)
+    add_flags(p["learner-start"], nets=("mlp,cnn", "mlp (DQN's CartPole network), cnn (the Nature CNN)"),
+              methods=("fork,forkserver,spawn", "start methods to measure"), setup_seconds=(5.0, "between the constructor and the first update"))
+    add_flags(p["learner-step"], steps=(5, "timed learner steps per setting per repeat (acting: 10x)"), threads=2,
+              no_compile=(False, "leave out the compiled settings (each compiles ~15-40 s)"))
+    add_flags(p["radam"], calls=1000)
+    add_flags(p["replay-memory"], env_id="BreakoutNoFrameskip-v4", backend="sync", capacity=(1_000_000, "DQN Atari's --buffer-size"),
+              source_steps=(3_000, "real env steps recorded, then cycled"))
+    add_flags(p["per"], capacity=1_000_000, cleanrl_repeats=300)
     p["soak"].add_argument("--backends", nargs="+", default=["sync", "async", "envpool", "ale"], choices=list(SOAK_ENVS))
-    p["soak"].add_argument("--warmup", type=float, default=0.2, help="share of the run counted as warm-up")
-    p["soak"].add_argument("--interval", type=float, default=5.0, help="seconds between RSS samples")
-    p["soak"].add_argument("--tolerance", type=float, default=0.10)
-    p["ceiling"].add_argument("--algos", default="sac,td3")
+    add_flags(p["soak"], minutes=20.0, warmup=(0.2, "share of the run counted as warm-up"), interval=(5.0, "seconds between RSS samples"),
+              tolerance=0.10)
+    add_flags(p["ceiling"], algos="sac,td3")
     p["ceiling"].add_argument("--plain-sps", nargs="*", default=[], metavar="ALGO=SPS", help="the plain loop's SPS (speed.py offpolicy)")
-    p["preemption"].add_argument("--env-id", default="StarpilotEasy-v0", help="an EnvPool Procgen env")
-    p["preemption"].add_argument("--at", default="1,4,31", help="the phase's iterations (1-31) SIGTERM lands in, comma-separated")
-    p["preemption"].add_argument("--stop-rollouts-gb", type=float, default=1.0, help="PPG's flag: the most stored rollouts a stop writes")
+    add_flags(p["preemption"], env_id=("StarpilotEasy-v0", "an EnvPool Procgen env"),
+              at=("1,4,31", "the phase's iterations (1-31) SIGTERM lands in, comma-separated"),
+              stop_rollouts_gb=(1.0, "PPG's flag: the most stored rollouts a stop writes"))
     p["preemption"].add_argument("--child", type=int, help=argparse.SUPPRESS)
     p["preemption"].add_argument("--run-dir", help=argparse.SUPPRESS)
     opts = parser.parse_args()

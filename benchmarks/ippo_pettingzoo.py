@@ -19,55 +19,21 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
-from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
+from bench import add_flags
 from fleetrl.envs import make_vec
 from fleetrl.envs.registry import env_family
-
-
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-class Agent(nn.Module):  # CleanRL's ppo.py Agent
-    def __init__(self, obs_dim: int, n_actions: int):
-        super().__init__()
-        self.critic = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                                    layer_init(nn.Linear(64, 1), std=1.0))
-        self.actor = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                                   layer_init(nn.Linear(64, n_actions), std=0.01))
-
-    def get_value(self, x):
-        return self.critic(x)
-
-    def get_action_and_value(self, x, action=None):
-        probs = Categorical(logits=self.actor(x))
-        if action is None:
-            action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+from loops.ppo import MlpAgent as Agent  # CleanRL's ppo.py Agent, from its file (benchmarks/cleanrl/upstream/)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env-id", default="mpe2.simple_spread_v3")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--total-timesteps", type=int, default=2_000_000, help="agent steps (rows x steps), as fleetrl counts them")
-    p.add_argument("--num-envs", type=int, default=6, help="agent rows (whole games)")
-    p.add_argument("--num-steps", type=int, default=128)
-    p.add_argument("--learning-rate", type=float, default=2.5e-4)
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--gae-lambda", type=float, default=0.95)
-    p.add_argument("--num-minibatches", type=int, default=4)
-    p.add_argument("--update-epochs", type=int, default=4)
-    p.add_argument("--clip-coef", type=float, default=0.2)
-    p.add_argument("--ent-coef", type=float, default=0.01)
-    p.add_argument("--vf-coef", type=float, default=0.5)
-    p.add_argument("--max-grad-norm", type=float, default=0.5)
-    p.add_argument("--random", action="store_true", help="uniform random actions, no learning")
     p.add_argument("--run-dir", required=True)
+    add_flags(p, env_id="mpe2.simple_spread_v3", seed=1, total_timesteps=(2_000_000, "agent steps (rows x steps), as fleetrl counts them"),
+              num_envs=(6, "agent rows (whole games)"), num_steps=128, learning_rate=2.5e-4, gamma=0.99, gae_lambda=0.95, num_minibatches=4,
+              update_epochs=4, clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
+              random=(False, "uniform random actions, no learning"))
     args = p.parse_args()
 
     np.random.seed(args.seed)
@@ -79,7 +45,7 @@ def main() -> None:
     envs = make_vec(args.env_id, args.num_envs, backend="sync", autoreset_mode="SameStep")
     obs_dim, n_actions = int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n)
     rows = [np.arange(k, args.num_envs, num_agents) for k in range(num_agents)]  # agent k's rows
-    agents = [Agent(obs_dim, n_actions) for _ in range(num_agents)]
+    agents = [Agent(envs) for _ in range(num_agents)]
     optimizers = [optim.Adam(a.parameters(), lr=args.learning_rate, eps=1e-5) for a in agents]
     rng = np.random.default_rng(args.seed)
 

@@ -1,14 +1,4 @@
 """Training and env speed, side by side on this machine: `python benchmarks/speed.py WHAT [flags]` (each WHAT has --help).
-
-  ppo        fleetrl train ppo against a plain CleanRL-style loop (benchmarks/cleanrl/loops/ppo.py), and the overlap modes
-  offpolicy  fleetrl's DQN, SAC and TD3 against CleanRL's loops (benchmarks/cleanrl/loops/offpolicy.py), the learning phase only
-  train      any `fleetrl train` commands (variants, or one command from an earlier commit): SPS, phases, CPU
-  envs       env stepping only (random actions, `fleetrl bench-env`'s measurement) for preset rows of backends and plans
-  threads    PPO by torch threads x env workers, the overlap of sampling and learning, OpenMP's wait policy
-  make-vec   CleanRL's own ppo.py / ppo_atari.py with make_vec against gymnasium's vector envs; their env share
-  scaling    data-parallel PPO under torchrun, weak scaling
-  tune       `fleetrl tune`: parallel trials, pruning, tuned against defaults, a killed tuner's runs
-
 Every contender runs in its own process (fresh threads and caches), sides alternate within each repeat, and tables give
 medians with every repeat listed (bench.py).
 """
@@ -31,8 +21,17 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from bench import HERE, ROOT, alternate, emit, env_with_path, fmt, host_line, med, median_us, run_process, table, train, tree_cpu_seconds
+from bench import HERE, ROOT, add_flags, alternate, emit, env_with_path, fmt, host_line, med, median_us, run_process, table, train, tree_cpu_seconds
 
+HELP = {
+    "ppo": "fleetrl train ppo against a plain CleanRL-style loop (benchmarks/cleanrl/loops/ppo.py), and the overlap modes",
+    "offpolicy": "fleetrl's DQN, SAC and TD3 against CleanRL's loops (benchmarks/cleanrl/loops/offpolicy.py), the learning phase only",
+    "train": "any `fleetrl train` commands (variants, or one command from an earlier commit): SPS, phases, CPU",
+    "envs": "env stepping only (random actions, `fleetrl bench-env`'s measurement) for preset rows of backends and plans",
+    "threads": "PPO by torch threads x env workers, the overlap of sampling and learning, OpenMP's wait policy",
+    "make-vec": "CleanRL's own ppo.py / ppo_atari.py with make_vec against gymnasium's vector envs; their env share",
+    "scaling": "data-parallel PPO under torchrun, weak scaling",
+    "tune": "`fleetrl tune`: parallel trials, pruning, tuned against defaults, a killed tuner's runs"}
 BUSY, SLEEP, STRAGGLER = "ppo_speed_envs:BusyWait200us-v0", "ppo_speed_envs:Sleep200us-v0", "ppo_speed_envs:Straggler-v0"
 WAIT, SOCKET = "ppo_speed_envs:Sleep5ms-v0", "ppo_speed_envs:SocketSim-v0"
 BREAKOUT = "BreakoutNoFrameskip-v4"
@@ -768,67 +767,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, scenarios in (("ppo", "breakout,cartpole,slow-env-lag,straggler"), ("offpolicy", "dqn,sac,td3")):
-        p = sub.add_parser(name, help=f"{name}: fleetrl against the plain loop, the clock in the run")
+        p = sub.add_parser(name, help=HELP[name])
         p.add_argument("--scenarios", "--algos", default=scenarios, help=f"comma-separated [{scenarios}]")
-        p.add_argument("--repeats", type=int, default=3)
-        p.add_argument("--quick", action="store_true", help="smoke test: short runs (pair with --repeats 1)")
-        p.add_argument("--cuda", action="store_true", help="train on the GPU (both sides)")
-        p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed and reported as FAILED")
+        add_flags(p, repeats=3, quick=(False, "smoke test: short runs (pair with --repeats 1)"), cuda=(False, "train on the GPU (both sides)"),
+                  timeout=(1800.0, "seconds before a run is killed and reported as FAILED"))
         if name == "ppo":
-            p.add_argument("--variants", default="", help="extra fleetrl variants of breakout and cartpole: 'name=--flag a;name2=...'")
             p.add_argument("--iterations", type=int, help="iterations a run [per scenario]")
-            p.add_argument("--warmup", type=int, default=1, help="iterations left out at the start of each run")
+            add_flags(p, variants=("", "extra fleetrl variants of breakout and cartpole: 'name=--flag a;name2=...'"),
+                      warmup=(1, "iterations left out at the start of each run"))
         else:
-            p.add_argument("--flags", default="", help="fleetrl flags for every fleetrl run, e.g. '--policy-lag 1'")
             p.add_argument("--steps", type=int, help="env steps a run, a multiple of 100 [dqn 40k, sac 4k, td3 6k]")
             p.add_argument("--learning-starts", type=int, help="random-action steps before learning [1000]")
-            p.add_argument("--warmup", type=int, default=100, help="learning steps left out of the window")
             p.add_argument("--plain-threads", type=int, help="torch threads of the plain loop [torch's default, as CleanRL]")
-    p = sub.add_parser("train", help="`fleetrl train` commands side by side: train [--preset P | --variants V | --before REV | --user-file] [-- COMMAND]")
+            add_flags(p, flags=("", "fleetrl flags for every fleetrl run, e.g. '--policy-lag 1'"),
+                      warmup=(100, "learning steps left out of the window"))
+    p = sub.add_parser("train", help=HELP["train"] + ": train [--preset P | --variants V | --before REV | --user-file] [-- COMMAND]")
     p.add_argument("--preset", choices=list(TRAIN_PRESETS), help="variants and command: " + "; ".join(f"{k}: {v[0]} / {v[1]}" for k, v in TRAIN_PRESETS.items()))
-    p.add_argument("--variants", default="", help="'name=FLAGS;name2=...', each run as `fleetrl train COMMAND FLAGS`")
     p.add_argument("--before", help="COMMAND from this earlier commit against this checkout")
-    p.add_argument("--user-file", action="store_true", help="`fleetrl train ./my_ppo.py FLAGS` (`fleetrl new my_ppo --from ppo`) against ppo")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--skip", type=int, default=2, help="iterations left out of the window SPS and the phases")
     p.add_argument("command", nargs="*", help="COMMAND: what follows `fleetrl train` (after --) [the preset's, else checkouts']")
-    p = sub.add_parser("envs", help="env stepping only, preset rows")
+    add_flags(p, variants=("", "'name=FLAGS;name2=...', each run as `fleetrl train COMMAND FLAGS`"), repeats=3,
+              user_file=(False, "`fleetrl train ./my_ppo.py FLAGS` (`fleetrl new my_ppo --from ppo`) against ppo"),
+              skip=(2, "iterations left out of the window SPS and the phases"))
+    p = sub.add_parser("envs", help=HELP["envs"])
     p.add_argument("preset", choices=list(env_presets()))
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=3.0)
-    p = sub.add_parser("threads", help="PPO by torch threads x env workers; --only overlap, omp")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", default="cartpole,busy,breakout-ale,breakout-async,overlap")
-    p.add_argument("--torch", default="1,2")
-    p.add_argument("--workers", default="1,2")
-    p.add_argument("--overlap-seconds", type=float, default=3.0)
+    add_flags(p, repeats=3, seconds=3.0)
+    p = add_flags(sub.add_parser("threads", help=HELP["threads"] + "; --only overlap, omp"), repeats=3, torch="1,2", workers="1,2",
+                  only="cartpole,busy,breakout-ale,breakout-async,overlap", overlap_seconds=3.0)
     p.add_argument("--overlap-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--omp-child", type=int, help=argparse.SUPPRESS)
-    p = sub.add_parser("make-vec", help="CleanRL's scripts on make_vec: speed, learning, env-share")
+    p = sub.add_parser("make-vec", help=HELP["make-vec"])
     p.add_argument("what", choices=["speed", "learning", "env-share"])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cpus", default="0,1", help="taskset -c CPUS for every run")
-    p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--steps", type=int, default=500_000, help="learning: steps a run; env-share: 16384 is a fair length")
-    p.add_argument("--script", default="ppo_atari")
-    p.add_argument("--env-id", default=BREAKOUT)
-    p.add_argument("--num-envs", type=int, default=8)
-    p = sub.add_parser("scaling", help="1 process against N under torchrun")
-    p.add_argument("--env-id", default=BREAKOUT)
-    p.add_argument("--processes", type=int, default=2)
-    p.add_argument("--envs-per-process", type=int, default=4)
-    p.add_argument("--num-steps", type=int, default=128)
-    p.add_argument("--iterations", type=int, default=6)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cuda", action="store_true")
-    p = sub.add_parser("tune", help="fleetrl tune's targets on PPO CartPole")
-    p.add_argument("--parts", default="parallel,pruning,defaults,orphans")
+    add_flags(p, repeats=3, cpus=("0,1", "taskset -c CPUS for every run"), seeds=10, script="ppo_atari", env_id=BREAKOUT, num_envs=8,
+              steps=(500_000, "learning: steps a run; env-share: 16384 is a fair length"))
+    add_flags(sub.add_parser("scaling", help=HELP["scaling"]), env_id=BREAKOUT, processes=2, envs_per_process=4, num_steps=128, iterations=6,
+              repeats=3, cuda=False)
+    p = sub.add_parser("tune", help=HELP["tune"])
     p.add_argument("--out", help="where the studies go [runs/tune_speed_{timestamp}]")
-    for flag, default in (("trials", 8), ("steps", 50_000), ("pruning-trials", 16), ("pruning-steps", 100_000), ("study-trials", 24),
-                          ("study-steps", 100_000), ("retrain-seeds", 3), ("parallel", 2), ("orphan-repeats", 3)):
-        p.add_argument(f"--{flag}", type=int, default=default)
-    p.add_argument("--pruning-flags", default="", help="extra tune flags of the pruned study, e.g. '--prune-after-trials 3'")
     p.add_argument("--pruning-space", choices=("fixed-cost", "full"), default="fixed-cost")
+    add_flags(p, parts="parallel,pruning,defaults,orphans", trials=8, steps=50_000, pruning_trials=16, pruning_steps=100_000, study_trials=24,
+              study_steps=100_000, retrain_seeds=3, parallel=2, orphan_repeats=3,
+              pruning_flags=("", "extra tune flags of the pruned study, e.g. '--prune-after-trials 3'"))
     opts = parser.parse_args()
     if opts.cmd == "threads" and (opts.overlap_child or opts.omp_child):
         return emit(overlap_child(opts.overlap_child, opts.overlap_seconds) if opts.overlap_child else omp_child(opts.omp_child))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import alternate, fmt, med, seed_list, table
+from bench import add_flags, alternate, fmt, med, seed_list, table
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -220,16 +220,13 @@ def main() -> None:
     parser.add_argument("--env-id", default=algo.env_id, help="for --learn: one or several, comma-separated")
     parser.add_argument("--steps", type=int, help=f"default: {algo.steps}")
     parser.add_argument("--learning-starts", type=int, help=f"default: {algo.learning_starts or 0}")
-    parser.add_argument("--seed", type=int, default=algo.lockstep_seed, help="for --lockstep")
-    parser.add_argument("--seeds", default="1-10", help="for --learn: FIRST-LAST or a list, e.g. 1,4")
+    add_flags(parser, seed=(algo.lockstep_seed, "for --lockstep"), seeds=("1-10", "for --learn: FIRST-LAST or a list, e.g. 1,4"),
+              repeats=(3, "for --speed"), cpu=("1", "taskset -c for every run"), nice=(0, "each run under nice -n NICE"),
+              lag_cpus=("0,1", "taskset -c for a side whose learner process takes a core"),
+              threads=(1, "torch threads a side (OMP_NUM_THREADS, fleetrl's --torch-threads)"),
+              fleetrl_flags=("", 'more flags for fleetrl\'s side, last (e.g. --fleetrl-flags="--env-backend async")'),
+              out=str(ROOT / "runs" / f"vs_cleanrl_{name}"))
     parser.add_argument("--sides", help=f"for --speed and --learn, the first the reference: cleanrl, fleetrl, {', '.join(algo.sides)}")
-    parser.add_argument("--repeats", type=int, default=3, help="for --speed")
-    parser.add_argument("--cpu", default="1", help="taskset -c for every run")
-    parser.add_argument("--lag-cpus", default="0,1", help="taskset -c for a side whose learner process takes a core")
-    parser.add_argument("--nice", type=int, default=0, help="each run under nice -n NICE")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads a side (OMP_NUM_THREADS, fleetrl's --torch-threads)")
-    parser.add_argument("--fleetrl-flags", default="", help='more flags for fleetrl\'s side, last (e.g. --fleetrl-flags="--env-backend async")')
-    parser.add_argument("--out", default=str(ROOT / "runs" / f"vs_cleanrl_{name}"))
     for names, kwargs in algo.options:
         parser.add_argument(*names, **kwargs)
     opts = parser.parse_args(sys.argv[2:])
