@@ -163,8 +163,11 @@ def export(args: ExportArgs) -> Path:
     inputs = (torch.as_tensor(example),)
     if module.recurrent:
         inputs += (torch.zeros((len(example), *network.state_shape)), torch.zeros(len(example), dtype=torch.bool))
+    # checked on the traced batch and on one row: a batch size that tracing froze into the graph (a Python len() of a tensor,
+    # which the warnings silenced below would name) gives outputs of another shape there
+    checks = [inputs, tuple(t[:1] for t in inputs)]
     with torch.inference_mode():
-        expected = _as_list(module(*inputs))
+        expected = [output for check in checks for output in _as_list(module(*check))]
     names = output_names(module, inputs)
     meta = metadata(state, path, str(algo.__name__), env_id, family, obs_space, action_space, module, names, inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -174,16 +177,21 @@ def export(args: ExportArgs) -> Path:
             warnings.simplefilter("ignore")  # tracing's warnings about Python branches: each is taken as eval takes it
             if args.format == "onnx":
                 _write_onnx(module, inputs, names, meta, temporary)
-                got = run_onnx(temporary, inputs)
+                run = lambda *check: run_onnx(temporary, check)  # noqa: E731
             else:
                 traced = torch.jit.trace(module, inputs, check_trace=False)
                 torch.jit.save(traced, str(temporary), _extra_files={f"{METADATA_KEY}.json": json.dumps(meta, allow_nan=False)})
-                got = _as_list(torch.jit.load(str(temporary))(*inputs))
-        worst = max(float(np.max(np.abs(np.asarray(g, np.float64) - e.numpy().astype(np.float64)), initial=0.0))
-                    for g, e in zip(got, expected))
+                loaded = torch.jit.load(str(temporary))
+                run = lambda *check: _as_list(loaded(*check))  # noqa: E731
+            try:
+                got, failed = [output for check in checks for output in run(*check)], ""
+            except Exception as exc:  # noqa: BLE001 - e.g. a reshape to the traced batch size, which one row cannot fill
+                got, failed = [], f"it fails on one row: {str(exc).strip().splitlines()[-1]}"
+        worst = max((_gap(g, e) for g, e in zip(got, expected)), default=math.inf)
         if worst > 1e-4:
-            raise FleetError(f"The exported graph of {path} does not reproduce its policy (outputs {worst:.3g} apart on the example "
-                             f"observations), so it was not written. Report this with the checkpoint's algorithm ({meta['algo']}).")
+            how = failed or ("its outputs have other shapes" if math.isinf(worst) else f"its outputs are {worst:.3g} apart")
+            raise FleetError(f"The exported graph of {path} does not reproduce its policy on the example observations ({how}), "
+                             f"so it was not written. Report this with the checkpoint's algorithm ({meta['algo']}).")
         os.replace(temporary, out)
     finally:
         temporary.unlink(missing_ok=True)
@@ -194,6 +202,14 @@ def export(args: ExportArgs) -> Path:
 
 def _as_list(outputs) -> list:
     return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+
+
+def _gap(got, expected: torch.Tensor) -> float:
+    """How far an output of the written graph is from the module's: infinite where the shapes differ."""
+    got = np.asarray(got, np.float64)
+    if got.shape != tuple(expected.shape):
+        return math.inf
+    return float(np.max(np.abs(got - expected.numpy().astype(np.float64)), initial=0.0))
 
 
 def output_names(module: ExportedPolicy, inputs: tuple) -> list[str]:
@@ -218,7 +234,9 @@ def _write_onnx(module: ExportedPolicy, inputs: tuple, names: list[str], meta: d
 
 def run_onnx(path: Path, inputs: tuple) -> list[np.ndarray]:
     ort = require("onnxruntime", "export", "Checking an exported ONNX file")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # a graph that fails raises, and export says so in its paragraph: no log line of its own
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)})
 
 
