@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
 import gymnasium as gym
@@ -158,6 +158,9 @@ def _step_and_store(envs: gym.vector.VectorEnv, obs: np.ndarray, actions: np.nda
 # ============================================================================ DQN (cleanrl/dqn.py)
 @dataclass(frozen=True)
 class DQNArgs:
+    seed: int = 1
+    total_timesteps: int = 500000
+    learning_starts: int = 10000
     learning_rate: float = 2.5e-4
     buffer_size: int = 10_000
     gamma: float = 0.99
@@ -222,7 +225,8 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
     ``random.random()`` and the action space's own RNG); ``fused_adam`` takes its fused Adam. With both, the loop takes
     fleetrl's actions and updates; ``trace`` records them. (With one env, SB3's buffer draws the replay indices from
     numpy's global RNG as fleetrl's does: its env index draws nothing.)"""
-    _seed(seed)
+    args = replace(args, seed=seed, total_timesteps=steps, learning_starts=learning_starts)
+    _seed(args.seed)
     device = torch.device(device)
     envs = make_envs(env_id, seed)
     assert isinstance(envs.single_action_space, gym.spaces.Discrete), "only discrete action space is supported"
@@ -235,10 +239,10 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
     rb = ReplayBuffer(args.buffer_size, envs.single_observation_space, envs.single_action_space, device)
 
     # TRY NOT TO MODIFY: start the game
-    obs, _ = envs.reset(seed=seed)
-    for global_step in range(steps):
+    obs, _ = envs.reset(seed=args.seed)
+    for global_step in range(args.total_timesteps):
         # ALGO LOGIC: put action logic here
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * steps, global_step)
+        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
         draws = np.random.random((2, envs.num_envs)) if numpy_draws else None  # fleetrl's: explore, then which action
         if (draws[0, 0] if numpy_draws else random.random()) < epsilon:
             actions = ((draws[1] * envs.single_action_space.n).astype(np.int64) if numpy_draws else
@@ -258,7 +262,7 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
         obs = next_obs
 
         # ALGO LOGIC: training.
-        if global_step > learning_starts:
+        if global_step > args.learning_starts:
             if global_step % args.train_frequency == 0:
                 data = rb.sample(args.batch_size)
                 with torch.no_grad():
@@ -365,6 +369,9 @@ def _critic_scalars(qf1_a_values, qf2_a_values, qf1_loss, qf2_loss, qf_loss, act
 # ============================================================================ SAC (cleanrl/sac_continuous_action.py)
 @dataclass(frozen=True)
 class SACArgs:
+    seed: int = 1
+    total_timesteps: int = 1000000
+    learning_starts: int = 5e3
     buffer_size: int = 1_000_000
     gamma: float = 0.99
     tau: float = 0.005
@@ -417,7 +424,8 @@ class SACActor(nn.Module):
 def plain_sac(env_id: str, steps: int, learning_starts: int, seed: int = 1, device: str = "cpu",
               args: SACArgs = SACArgs(), on_mark: Callable[[int], None] | None = None) -> Timing:
     """CleanRL's sac_continuous_action.py loop for ``steps`` env steps (``--total-timesteps``)."""
-    _seed(seed)
+    args = replace(args, seed=seed, total_timesteps=steps, learning_starts=learning_starts)
+    _seed(args.seed)
     device = torch.device(device)
     envs, qf1, qf2, qf1_target, qf2_target, rb = _continuous_setup(env_id, seed, device, args.buffer_size)
     timing, logged = Timing("sac", env_id, steps, learning_starts, on_mark), []
@@ -436,10 +444,10 @@ def plain_sac(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
         alpha = args.alpha
 
     # TRY NOT TO MODIFY: start the game
-    obs, _ = envs.reset(seed=seed)
-    for global_step in range(steps):
+    obs, _ = envs.reset(seed=args.seed)
+    for global_step in range(args.total_timesteps):
         # ALGO LOGIC: put action logic here
-        if global_step < learning_starts:
+        if global_step < args.learning_starts:
             actions = np.array([envs.single_action_space.sample() for _ in range(envs.num_envs)])
         else:
             actions, _, _ = actor.get_action(torch.Tensor(obs).to(device))
@@ -452,7 +460,7 @@ def plain_sac(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
         obs = next_obs
 
         # ALGO LOGIC: training.
-        if global_step > learning_starts:
+        if global_step > args.learning_starts:
             data = rb.sample(args.batch_size)
             with torch.no_grad():
                 next_state_actions, next_state_log_pi, _ = actor.get_action(data.next_observations)
@@ -499,6 +507,9 @@ def plain_sac(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
 # ============================================================================ TD3 (cleanrl/td3_continuous_action.py)
 @dataclass(frozen=True)
 class TD3Args:
+    seed: int = 1
+    total_timesteps: int = 1000000
+    learning_starts: int = 25e3
     learning_rate: float = 3e-4
     buffer_size: int = 1_000_000
     gamma: float = 0.99
@@ -528,7 +539,8 @@ class TD3Actor(nn.Module):
 def plain_td3(env_id: str, steps: int, learning_starts: int, seed: int = 1, device: str = "cpu",
               args: TD3Args = TD3Args(), on_mark: Callable[[int], None] | None = None) -> Timing:
     """CleanRL's td3_continuous_action.py loop for ``steps`` env steps (``--total-timesteps``)."""
-    _seed(seed)
+    args = replace(args, seed=seed, total_timesteps=steps, learning_starts=learning_starts)
+    _seed(args.seed)
     device = torch.device(device)
     envs, qf1, qf2, qf1_target, qf2_target, rb = _continuous_setup(env_id, seed, device, args.buffer_size)
     timing, logged = Timing("td3", env_id, steps, learning_starts, on_mark), []
@@ -540,10 +552,10 @@ def plain_td3(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
     actor_optimizer = optim.Adam(list(actor.parameters()), lr=args.learning_rate)
 
     # TRY NOT TO MODIFY: start the game
-    obs, _ = envs.reset(seed=seed)
-    for global_step in range(steps):
+    obs, _ = envs.reset(seed=args.seed)
+    for global_step in range(args.total_timesteps):
         # ALGO LOGIC: put action logic here
-        if global_step < learning_starts:
+        if global_step < args.learning_starts:
             actions = np.array([envs.single_action_space.sample() for _ in range(envs.num_envs)])
         else:
             with torch.no_grad():
@@ -558,7 +570,7 @@ def plain_td3(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
         obs = next_obs
 
         # ALGO LOGIC: training.
-        if global_step > learning_starts:
+        if global_step > args.learning_starts:
             data = rb.sample(args.batch_size)
             with torch.no_grad():
                 clipped_noise = (torch.randn_like(data.actions, device=device) * args.policy_noise).clamp(
