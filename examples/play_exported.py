@@ -252,12 +252,11 @@ def default_sticky_actions(env_id: str) -> float:
 
 
 def sticky_actions(env_id: str, steps: dict[str, Any]) -> float:
-    """The model's sticky-action probability; on another game (--env-id), eval takes that game's default unless training
-    set one, and a value other than the model's game's default says it did (the metadata does not say which)."""
-    model_id, value = steps["gymnasium_id"], steps["repeat_action_probability"]
-    if env_id != model_id and value == default_sticky_actions(model_id):
-        return default_sticky_actions(env_id)
-    return value
+    """The sticky-action probability eval plays with: the one training set (``sticky_actions_flag``), else the game's own
+    default (fleetrl/envs/atari.py), which is the model's value on the model's own game."""
+    if steps.get("sticky_actions_flag") is not None:
+        return float(steps["sticky_actions_flag"])
+    return default_sticky_actions(env_id) if env_id != steps["gymnasium_id"] else steps["repeat_action_probability"]
 
 
 def atari_env(env_id: str, steps: dict[str, Any]) -> gym.Env:

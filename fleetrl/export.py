@@ -34,7 +34,6 @@ from fleetrl.algos import eval_code
 from fleetrl.envs import atari, make_vector_env
 from fleetrl.envs.registry import MULTIAGENT_FAMILIES, env_family, env_id_for_checkpoint, split_custom_id
 from fleetrl.errors import FleetError, require
-from fleetrl.nets import network_input
 from fleetrl.sampling.normalize import CLIP, EPSILON
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
@@ -79,8 +78,8 @@ class ExportedPolicy(nn.Module):
         self.frames = obs_space.dtype == np.uint8 and len(obs_space.shape) == 3
         self.box = isinstance(action_space, gym.spaces.Box)
         if self.box:
-            self.register_buffer("low", torch.as_tensor(np.asarray(action_space.low, np.float32)))
-            self.register_buffer("high", torch.as_tensor(np.asarray(action_space.high, np.float32)))
+            self.register_buffer("low", torch.tensor(np.asarray(action_space.low, np.float32)))
+            self.register_buffer("high", torch.tensor(np.asarray(action_space.high, np.float32)))
         self.extras = extras
 
     def network_input(self, obs: torch.Tensor) -> torch.Tensor:
@@ -272,7 +271,7 @@ def preprocessing(env_id: str, family, train_args: dict) -> dict[str, Any]:
         finally:
             env.close()
         return {"kind": "atari", "gymnasium_id": name, "obs_type": "grayscale", "full_action_space": False,
-                "repeat_action_probability": sticky, "max_num_frames_per_episode": atari.MAX_FRAMES_PER_EPISODE,
+                "repeat_action_probability": sticky, "sticky_actions_flag": train_args.get("sticky_actions"), "max_num_frames_per_episode": atari.MAX_FRAMES_PER_EPISODE,
                 "noop_max": atari.NOOP_MAX, "frame_skip": atari.FRAME_SKIP, "max_pool_last": 2, "fire_reset": fire,
                 "fire_after_life_loss": fire, "life_loss_steps": list(atari.LIFE_LOSS_STEPS),
                 "resize": {"size": atari.SCREEN_SIZE, "interpolation": "cv2.INTER_AREA"},

@@ -204,7 +204,7 @@ def categorical_q_values(logits: torch.Tensor, atoms: torch.Tensor) -> tuple[tor
     """A distributional Q head's output ``(B, A * n_atoms)`` (or ``(B, A, n_atoms)``) as CleanRL's c51.py reads it:
     each action's probabilities over the fixed return ``atoms`` ``(B, A, n_atoms)``, and its Q-value, the expected
     return ``(B, A)``."""
-    pmfs = torch.softmax(logits.view(len(logits), -1, len(atoms)), dim=2)
+    pmfs = torch.softmax(logits.view(logits.shape[0], -1, len(atoms)), dim=2)  # shape[0]: a traced graph keeps its batch free
     return pmfs, (pmfs * atoms).sum(2)
 
 

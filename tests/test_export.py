@@ -75,13 +75,7 @@ FAMILIES = {
     "multiagent_ppo": Family("ppo", "mpe2.simple_spread_v3", ("--num-envs", "6", "--num-steps", "32", "--num-minibatches", "2",
                                                               "--total-timesteps", "384")),
 }
-# C51's and Rainbow's networks reshape their output with a Python len() of the batch (fleetrl/nets.py:
-# categorical_q_values), which tracing freezes at the traced batch size: export refuses them (a one-row batch comes out as
-# two rows) until that reads logits.shape[0]. Remove a name here once it exports: strict, so an export that works says so.
-EXPORT_REFUSED = {"c51", "rainbow"}
-MARKS = {"multiagent_ppo": [pytest.mark.needs("mpe2", "multiagent")],
-         **{name: [pytest.mark.xfail(strict=True, reason="nets.py's categorical_q_values freezes the batch size when traced")]
-            for name in EXPORT_REFUSED}}
+MARKS = {"multiagent_ppo": [pytest.mark.needs("mpe2", "multiagent")]}
 FAMILY_PARAMS = [pytest.param(name, marks=MARKS.get(name, ())) for name in FAMILIES]
 
 
@@ -356,7 +350,7 @@ assert not imported, imported
 
 
 def test_torchscript_plays_evals_actions_in_a_process_without_fleetrl(lab, tmp_path):
-    names = [name for name in FAMILIES if name not in EXPORT_REFUSED and (name != "multiagent_ppo" or _imports("mpe2"))]
+    names = [name for name in FAMILIES if name != "multiagent_ppo" or _imports("mpe2")]
     cases = {}
     for name in names:
         recording = lab.recording(name)

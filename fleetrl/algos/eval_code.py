@@ -31,8 +31,8 @@ def for_checkpoint(state: dict[str, Any], checkpoint: str, algo_file: str | None
     if algo_file is not None:
         module, named = source.load(algo_file, command="")
         if record is not None and record.get("sha256") != named.sha256:
-            print(f"fleetrl eval: {algo_file} (sha256 {named.sha256[:16]}...) is not the code this checkpoint was trained with "
-                  f"({record.get('path')}, sha256 {str(record.get('sha256'))[:16]}...); evaluating with it as you asked.", file=sys.stderr)
+            print(f"fleetrl: {algo_file} (sha256 {named.sha256[:16]}...) is not the code this checkpoint was trained with "
+                  f"({record.get('path')}, sha256 {str(record.get('sha256'))[:16]}...); rebuilding the policy with it as you asked.", file=sys.stderr)
         module = _with_policy(module, algo_file)
         if named.kind != "builtin":
             remember(named.sha256, named.path)
