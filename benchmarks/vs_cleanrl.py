@@ -181,19 +181,16 @@ def learn_table(algo, env_id: str, sides: list[str], seeds: list[int], runs: dic
     def scores(side: str, last: int) -> list[float]:
         return [float(np.mean(runs[side][s]["returns"][-last:])) for s in seeds]
 
-    lines = [f"\n{env_id}, {opts.steps:,} steps a run, flags {shlex.join(algo.flags(env_id, opts)) or 'none'}, CleanRL's other "
-             f"defaults. Mean return of the last {LAST[0]} episodes of each run (last {LAST[1]} in brackets).", "",
-             "| seed | " + " | ".join(sides) + " |", "| --- " * (1 + len(sides)) + "|"]
-    for s in seeds:
-        lines.append(f"| {s} | " + " | ".join(f"{np.mean(runs[side][s]['returns'][-LAST[0]:]):.1f} "
-                                              f"({np.mean(runs[side][s]['returns'][-LAST[1]:]):.1f})" for side in sides) + " |")
-    lines.append("| mean ± std | " + " | ".join(f"{np.mean(scores(s, LAST[0])):.1f} ± {np.std(scores(s, LAST[0])):.1f}" for s in sides) + " |")
-    lines.append("| median | " + " | ".join(f"{np.median(scores(s, LAST[0])):.1f}" for s in sides) + " |")
+    rows = [[s, *(f"{np.mean(runs[side][s]['returns'][-LAST[0]:]):.1f} ({np.mean(runs[side][s]['returns'][-LAST[1]:]):.1f})" for side in sides)]
+            for s in seeds]
+    rows.append(["mean ± std", *(f"{np.mean(scores(s, LAST[0])):.1f} ± {np.std(scores(s, LAST[0])):.1f}" for s in sides)])
+    rows.append(["median", *(f"{np.median(scores(s, LAST[0])):.1f}" for s in sides)])
     for what, f in (("SPS in the loop", lambda r: r["loop_sps"]), ("SPS, wall", lambda r: r["steps"] / r["wall_s"])):
-        lines.append(f"| {what} (median) | " + " | ".join(f"{np.median([f(runs[s][x]) for x in seeds]):,.0f}" for s in sides) + " |")
+        rows.append([f"{what} (median)", *(f"{np.median([f(runs[s][x]) for x in seeds]):,.0f}" for s in sides)])
     if algo.bar is not None:
-        lines.append(f"| runs at {algo.bar:g} or more | " + " | ".join(f"{sum(x >= algo.bar for x in scores(s, LAST[0]))} of {len(seeds)}"
-                                                                    for s in sides) + " |")
+        rows.append([f"runs at {algo.bar:g} or more", *(f"{sum(x >= algo.bar for x in scores(s, LAST[0]))} of {len(seeds)}" for s in sides)])
+    lines = [f"\n{env_id}, {opts.steps:,} steps a run, flags {shlex.join(algo.flags(env_id, opts)) or 'none'}, CleanRL's other "
+             f"defaults. Mean return of the last {LAST[0]} episodes of each run (last {LAST[1]} in brackets).", "", table(["seed", *sides], rows)]
     lines += ["", f"Two-sided permutation tests against {sides[0]}:", ""]
     for side in sides[1:]:
         for last in LAST:
