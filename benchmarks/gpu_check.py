@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 
 import torch
 
-from bench import med, table, train
+from bench import add_flags, host_line, med, table, train
 
 WARMUP_ITERATIONS = 2  # compile, cuDNN benchmark and allocator warm-up happen here
 ROWS = [  # name, processes, global envs, extra flags
@@ -48,13 +46,10 @@ def run_row(processes: int, envs: int, flags: list[str], args: argparse.Namespac
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
-    parser.add_argument("--backend", default="envpool")
-    parser.add_argument("--num-steps", type=int, default=128)
-    parser.add_argument("--iterations", type=int, default=8)
-    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting rows once this much time is spent")
     parser.add_argument("--markdown", help="also write the table to this file")
-    parser.add_argument("--cpu-smoke", action="store_true", help="run every row tiny on the CPU (checks the script)")
+    add_flags(parser, env_id="BreakoutNoFrameskip-v4", backend="envpool", num_steps=128, iterations=8,
+              budget_s=(480.0, "stop starting rows once this much time is spent"),
+              cpu_smoke=(False, "run every row tiny on the CPU (checks the script)"))
     args = parser.parse_args()
     rows = ROWS
     if args.cpu_smoke:
@@ -63,10 +58,9 @@ def main() -> None:
     elif not torch.cuda.is_available():
         raise SystemExit("No CUDA GPU here: run this on a GPU machine, or pass --cpu-smoke to check the script on the CPU.")
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.cpu_smoke else platform.processor() or "CPU"
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.cpu_smoke else "CPU"
     header = (f"# GPU check: {args.env_id}, {args.backend}, {args.num_steps} steps per env per iteration\n"
-              f"device: {device}; CPU cores: {os.cpu_count()}; torch {torch.__version__}; "
-              f"CUDA {torch.version.cuda}; {time.strftime('%Y-%m-%d %H:%M')}\n")
+              f"device: {device}; torch {torch.__version__}; CUDA {torch.version.cuda}; {host_line()}\n")
     print(header, flush=True)
     lines, results, start = [], {}, time.perf_counter()
     for name, processes, envs, flags in rows:

@@ -12,6 +12,8 @@ import argparse
 import json
 from collections import defaultdict
 
+from bench import table
+
 FIELDS = ("wall_s", "own_cpu_s", "children_cpu_s", "processes_started")
 
 
@@ -29,21 +31,15 @@ def main() -> None:
         for field in FIELDS:
             row[field] += record[field]
     total = {field: sum(row[field] for row in by_file.values()) for field in ("tests", *FIELDS)}
-    print("| file | tests | wall s | own CPU s | started processes' CPU s | processes started |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for name, row in sorted(by_file.items(), key=lambda item: -item[1]["wall_s"]):
-        print(f"| {name} | {row['tests']:.0f} | {row['wall_s']:.0f} | {row['own_cpu_s']:.0f} | {row['children_cpu_s']:.0f} | "
-              f"{row['processes_started']:.0f} |")
-    print(f"| **all** | {total['tests']:.0f} | {total['wall_s']:.0f} | {total['own_cpu_s']:.0f} | {total['children_cpu_s']:.0f} | "
-          f"{total['processes_started']:.0f} |")
+    rows = [[name, f"{row['tests']:.0f}", *(f"{row[f]:.0f}" for f in FIELDS)]
+            for name, row in sorted(by_file.items(), key=lambda item: -item[1]["wall_s"])]
+    print(table(["file", "tests", "wall s", "own CPU s", "started processes' CPU s", "processes started"],
+                rows + [["**all**", f"{total['tests']:.0f}", *(f"{total[f]:.0f}" for f in FIELDS)]]))
     print(f"\nwall time summed over tests (the xdist workers run side by side, so the suite's own wall time is less); "
           f"the {args.top} slowest tests:\n")
-    print("| test | wall s | own CPU s | started processes' CPU s | processes started |")
-    print("| --- | --- | --- | --- | --- |")
-    for record in sorted(records, key=lambda r: -r["wall_s"])[:args.top]:
-        print(f"| {record['test']} | {record['wall_s']:.1f} | {record['own_cpu_s']:.1f} | {record['children_cpu_s']:.1f} | "
-              f"{record['processes_started']} |")
-
+    print(table(["test", "wall s", "own CPU s", "started processes' CPU s", "processes started"],
+                [[r["test"], f"{r['wall_s']:.1f}", f"{r['own_cpu_s']:.1f}", f"{r['children_cpu_s']:.1f}", r["processes_started"]]
+                 for r in sorted(records, key=lambda r: -r["wall_s"])[:args.top]]))
 
 if __name__ == "__main__":
     main()
