@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import HERE, ROOT, env_with_path, host_line, seed_list
+from bench import HERE, ROOT, env_with_path, host_line, seed_list, table
 PENDULUM = ["--env-id", "InvertedPendulum-v5", "--env-backend", "sync"]
 CARTPOLE = ["--env-id", "CartPole-v1"]
 CHEETAH = ["--env-id", "HalfCheetah-v5"]
@@ -184,29 +184,27 @@ def needed(check: Check, seeds: int) -> int:
     return math.ceil(check.share * seeds - 1e-9)
 
 
-def table(checks: list[Check], results: dict[str, list[dict]], host: str) -> str:
-    lines = [host, "",
-             "| check | algorithm | env | seed | budget | bar | score | reached at step | eval | met | wall s | CPU s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+def results_table(checks: list[Check], results: dict[str, list[dict]]) -> str:
+    rows = []
     for check in checks:
-        head, env = check.command[0], check.env
         kind = f"best rolling {check.window}" if check.score == "best" else f"last {check.window}"
         bar = "-" if check.bar is None else f"{check.bar:g}"
         for r in results[check.name]:
+            start = [check.name, check.command[0], check.env, r["seed"], f"{check.budget:,}", bar]
+            end = [f"{r['wall_s']:.0f}", f"{r['cpu_s']:.0f}"]
             if "error" in r:
-                lines.append(f"| {check.name} | {head} | {env} | {r['seed']} | {check.budget:,} | {bar} | failed: {r['error'][:120]} | | | no | "
-                             f"{r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
+                rows.append([*start, f"failed: {r['error'][:120]}", "", "", "no", *end])
                 continue
             reached = f"{r['reached_at']:,}" if r["reached_at"] is not None else "-"
             ev = f"{r['eval_return']:.0f} vs {r['last_training']:.0f}" if "eval_return" in r else ""
-            lines.append(f"| {check.name} | {head} | {env} | {r['seed']} | {check.budget:,} | {bar} | {r['score']:.1f} ({kind}) | {reached} | "
-                         f"{ev} | {'-' if check.bar is None else 'yes' if r['met'] else 'no'} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
+            rows.append([*start, f"{r['score']:.1f} ({kind})", reached, ev, "-" if check.bar is None else "yes" if r["met"] else "no", *end])
         if len(results[check.name]) > 1 and check.bar is not None:
             met = sum(r["met"] for r in results[check.name])
-            lines.append(f"| **{check.name}** | {met} of {len(results[check.name])} met, {needed(check, len(results[check.name]))} needed | "
-                         "| | | | | | | | | |")
+            runs = len(results[check.name])
+            rows.append([f"**{check.name}**", f"{met} of {runs} met, {needed(check, runs)} needed", *[""] * 10])
     notes = [f"- {c.name}: {c.note}" for c in checks if c.note]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    header = ["check", "algorithm", "env", "seed", "budget", "bar", "score", "reached at step", "eval", "met", "wall s", "CPU s"]
+    return "\n".join([table(header, rows), *([""] + notes if notes else [])])
 
 
 def plot(checks: list[Check], out: Path, png: str) -> None:
@@ -284,10 +282,9 @@ def main() -> None:
             print(json.dumps(result), flush=True)
     import torch
 
-    host = f"{host_line()}; torch {torch.__version__}, {opts.parallel} runs at a time"
     command_line = f"python benchmarks/learning.py {' '.join(sys.argv[1:])}".strip()
-    text = (f"`{command_line}`\n\n" + table(checks, results, host)
-            + f"\n\nWall time: {(time.perf_counter() - started) / 60:.1f} min")
+    text = (f"`{command_line}`\n\n{host_line()}; torch {torch.__version__}, {opts.parallel} runs at a time\n\n"
+            f"{results_table(checks, results)}\n\nWall time: {(time.perf_counter() - started) / 60:.1f} min")
     print(text)
     if opts.markdown:
         opts.markdown.write_text(text + "\n")
