@@ -1,5 +1,5 @@
 # CleanRL's cleanrl/ddpg_continuous_action.py at commit fe8d8a0 (MIT licence, benchmarks/cleanrl/upstream/LICENSE), with the
-# changes marked "fleetrl:" only: gymnasium 1.x (same-step autoreset, final_obs, the final_info dict), SB3's buffer from
+# changes marked "fleetrl:" only: gymnasium 1.x (same-step autoreset, final_obs, the final_info dict), its buffer through
 # benchmarks/cleanrl/loops/offpolicy.py, and CLEANRL_RUN_DIR naming the TensorBoard folder. Run by benchmarks/vs_cleanrl.py.
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/ddpg/#ddpg_continuous_actionpy
 import os
@@ -16,7 +16,7 @@ import torch.optim as optim
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 
-from loops.offpolicy import ReplayBuffer  # fleetrl: SB3's ReplayBuffer as CleanRL uses it (SB3 is not installed here)
+from loops.offpolicy import ReplayBuffer  # fleetrl: its cleanrl_utils.buffers.ReplayBuffer, built with handle_timeout_termination=False
 
 
 @dataclass

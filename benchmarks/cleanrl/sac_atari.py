@@ -1,6 +1,6 @@
 # CleanRL's cleanrl/sac_atari.py at commit fe8d8a0 (MIT licence, benchmarks/cleanrl/upstream/LICENSE), with the changes
 # marked "fleetrl:" only: gymnasium 1.x (ale-py's ids registered, wrapper names, same-step autoreset, final_obs, the
-# final_info dict), cleanrl_utils from benchmarks/cleanrl/upstream, SB3's buffer from benchmarks/cleanrl/loops/offpolicy.py,
+# final_info dict), cleanrl_utils from benchmarks/cleanrl/upstream, its buffer through benchmarks/cleanrl/loops/offpolicy.py,
 # CLEANRL_RUN_DIR naming the TensorBoard folder, and classic control: vector observations get the same networks with
 # an MLP (120-84 ReLU, Kaiming-initialised, unscaled input) in place of the CNN. Run by benchmarks/vs_cleanrl.py.
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/sac/#sac_ataripy

@@ -1,5 +1,5 @@
 """CleanRL's dqn.py, sac_continuous_action.py and td3_continuous_action.py loops in functions, with trace points and
-fleetrl's draws as switches; SB3's replay buffer as CleanRL uses it; the Trace every in-process CleanRL loop records.
+fleetrl's draws as switches; CleanRL's replay buffer as its files build it; the Trace every in-process CleanRL loop records.
 
 The baselines of the off-policy speed benchmark and of benchmarks/vs_cleanrl.py dqn; not run on its own. Each
 ``plain_*`` runs ``steps`` env steps (``--total-timesteps``) after ``--learning-starts learning_starts`` and returns a
@@ -9,10 +9,12 @@ benchmarks/cleanrl/README.md.
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +22,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "upstream"))
+from cleanrl_utils import buffers  # noqa: E402  CleanRL's copy of SB3's buffers (SB3 is not installed here)
 
 MARK_EVERY = 100  # steps between clock marks (fleetrl's off-policy iteration is 100 vector steps too)
 LOG_EVERY = 100  # CleanRL writes its loss scalars every 100 steps (each write an .item(): a host sync)
@@ -76,59 +81,12 @@ def make_envs(env_id: str, seed: int, num_envs: int = 1) -> gym.vector.SyncVecto
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
-class ReplayBufferSamples(NamedTuple):
-    observations: torch.Tensor
-    actions: torch.Tensor
-    next_observations: torch.Tensor
-    dones: torch.Tensor
-    rewards: torch.Tensor
+class ReplayBuffer(buffers.ReplayBuffer):
+    """CleanRL's replay buffer (its cleanrl_utils/buffers.py, SB3's) as its off-policy files build it, for them and the
+    loops: ``handle_timeout_termination=False``."""
 
-
-class ReplayBuffer:
-    """SB3's ``ReplayBuffer`` as CleanRL uses it (``optimize_memory_usage=False``, ``handle_timeout_termination=False``):
-    ``(buffer_size / n_envs, n_envs, ...)`` numpy arrays, a copy of every input at ``add``, and at ``sample`` uniform
-    rows and envs gathered with fancy indexing, each field copied into a new torch tensor on ``device``."""
-
-    def __init__(self, buffer_size: int, observation_space: gym.spaces.Space, action_space: gym.spaces.Space,
-                 device: torch.device | str = "cpu", n_envs: int = 1):
-        self.buffer_size = max(buffer_size // n_envs, 1)
-        self.n_envs, self.device = n_envs, torch.device(device)
-        self.obs_shape = tuple(observation_space.shape)
-        self.action_dim = 1 if isinstance(action_space, gym.spaces.Discrete) else int(np.prod(action_space.shape))
-        action_dtype = np.float32 if action_space.dtype == np.float64 else action_space.dtype
-        self.observations = np.zeros((self.buffer_size, n_envs, *self.obs_shape), dtype=observation_space.dtype)
-        self.next_observations = np.zeros((self.buffer_size, n_envs, *self.obs_shape), dtype=observation_space.dtype)
-        self.actions = np.zeros((self.buffer_size, n_envs, self.action_dim), dtype=action_dtype)
-        self.rewards = np.zeros((self.buffer_size, n_envs), dtype=np.float32)
-        self.dones = np.zeros((self.buffer_size, n_envs), dtype=np.float32)
-        self.timeouts = np.zeros((self.buffer_size, n_envs), dtype=np.float32)  # handle_timeout_termination=False: zeros
-        self.pos, self.full = 0, False
-
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
-            infos: Any) -> None:
-        action = action.reshape((self.n_envs, self.action_dim))
-        # Copy to avoid modification by reference
-        self.observations[self.pos] = np.array(obs)
-        self.next_observations[self.pos] = np.array(next_obs)
-        self.actions[self.pos] = np.array(action)
-        self.rewards[self.pos] = np.array(reward)
-        self.dones[self.pos] = np.array(done)
-        self.pos += 1
-        if self.pos == self.buffer_size:
-            self.full, self.pos = True, 0
-
-    def sample(self, batch_size: int) -> ReplayBufferSamples:
-        upper_bound = self.buffer_size if self.full else self.pos
-        batch_inds = np.random.randint(0, upper_bound, size=batch_size)
-        env_indices = np.random.randint(0, high=self.n_envs, size=(len(batch_inds),))
-        data = (
-            self.observations[batch_inds, env_indices, :],
-            self.actions[batch_inds, env_indices, :],
-            self.next_observations[batch_inds, env_indices, :],
-            (self.dones[batch_inds, env_indices] * (1 - self.timeouts[batch_inds, env_indices])).reshape(-1, 1),
-            self.rewards[batch_inds, env_indices].reshape(-1, 1),
-        )
-        return ReplayBufferSamples(*(torch.tensor(array, device=self.device) for array in data))
+    def __init__(self, buffer_size: int, observation_space: gym.spaces.Space, action_space: gym.spaces.Space, device="cpu", n_envs: int = 1):
+        super().__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs, handle_timeout_termination=False)
 
 
 def _seed(seed: int) -> None:
@@ -339,7 +297,7 @@ def _continuous_setup(env_id: str, seed: int, device: torch.device, buffer_size:
     return envs, qf1, qf2, qf1_target, qf2_target, rb
 
 
-def _critic_update(qf1: nn.Module, qf2: nn.Module, q_optimizer: optim.Optimizer, data: ReplayBufferSamples,
+def _critic_update(qf1: nn.Module, qf2: nn.Module, q_optimizer: optim.Optimizer, data: buffers.ReplayBufferSamples,
                    next_q_value: torch.Tensor) -> tuple[torch.Tensor, ...]:
     qf1_a_values = qf1(data.observations, data.actions).view(-1)
     qf2_a_values = qf2(data.observations, data.actions).view(-1)
