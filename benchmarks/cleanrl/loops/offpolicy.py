@@ -1,5 +1,6 @@
-"""CleanRL's dqn.py, sac_continuous_action.py and td3_continuous_action.py loops in functions, with trace points and
-fleetrl's draws as switches; CleanRL's replay buffer as its files build it; the Trace every in-process CleanRL loop records.
+"""CleanRL's dqn.py, sac_continuous_action.py and td3_continuous_action.py loops in functions (their networks imported
+from their files in upstream/), with trace points and fleetrl's draws as switches; CleanRL's replay buffer as its files
+build it; the Trace every in-process CleanRL loop records.
 
 The baselines of the off-policy speed benchmark and of benchmarks/vs_cleanrl.py dqn; not run on its own. Each
 ``plain_*`` runs ``steps`` env steps (``--total-timesteps``) after ``--learning-starts learning_starts`` and returns a
@@ -25,6 +26,9 @@ import torch.optim as optim
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "upstream"))
 from cleanrl_utils import buffers  # noqa: E402  CleanRL's copy of SB3's buffers (SB3 is not installed here)
+from dqn import QNetwork, linear_schedule  # noqa: E402  CleanRL's networks, from its files (upstream/)
+from sac_continuous_action import Actor as SACActor, SoftQNetwork  # noqa: E402
+from td3_continuous_action import Actor as TD3Actor  # noqa: E402
 
 MARK_EVERY = 100  # steps between clock marks (fleetrl's off-policy iteration is 100 vector steps too)
 LOG_EVERY = 100  # CleanRL writes its loss scalars every 100 steps (each write an .item(): a host sync)
@@ -131,26 +135,6 @@ class DQNArgs:
     train_frequency: int = 10
 
 
-class QNetwork(nn.Module):
-    def __init__(self, env):
-        super().__init__()
-        self.network = nn.Sequential(
-            nn.Linear(np.array(env.single_observation_space.shape).prod(), 120),
-            nn.ReLU(),
-            nn.Linear(120, 84),
-            nn.ReLU(),
-            nn.Linear(84, env.single_action_space.n),
-        )
-
-    def forward(self, x):
-        return self.network(x)
-
-
-def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
-    slope = (end_e - start_e) / duration
-    return max(slope * t + start_e, end_e)
-
-
 @dataclass
 class Trace:
     """What a loop did, for a lockstep comparison (benchmarks/vs_cleanrl.py ALGO --lockstep): every step's action (and
@@ -255,32 +239,6 @@ def plain_dqn(env_id: str, steps: int, learning_starts: int, seed: int = 1, devi
 
 
 # ============================================================================ SAC and TD3: the parts their files share
-class SoftQNetwork(nn.Module):
-    """sac_continuous_action.py's ``SoftQNetwork``, the same as td3_continuous_action.py's ``QNetwork``."""
-
-    def __init__(self, env):
-        super().__init__()
-        self.fc1 = nn.Linear(
-            np.array(env.single_observation_space.shape).prod() + np.prod(env.single_action_space.shape),
-            256,
-        )
-        self.fc2 = nn.Linear(256, 256)
-        self.fc3 = nn.Linear(256, 1)
-
-    def forward(self, x, a):
-        x = torch.cat([x, a], 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        x = self.fc3(x)
-        return x
-
-
-def _register_action_rescaling(module: nn.Module, env: gym.vector.VectorEnv) -> None:
-    space = env.single_action_space
-    module.register_buffer("action_scale", torch.tensor((space.high - space.low) / 2.0, dtype=torch.float32))
-    module.register_buffer("action_bias", torch.tensor((space.high + space.low) / 2.0, dtype=torch.float32))
-
-
 def _continuous_setup(env_id: str, seed: int, device: torch.device, buffer_size: int):
     """The env (asserted continuous), the two critics and their targets, and the replay buffer (float32 observations,
     as CleanRL forces them)."""
@@ -340,43 +298,6 @@ class SACArgs:
     target_network_frequency: int = 1  # Denis Yarats' implementation delays this by 2.
     alpha: float = 0.2
     autotune: bool = True
-
-
-LOG_STD_MAX = 2
-LOG_STD_MIN = -5
-
-
-class SACActor(nn.Module):
-    def __init__(self, env):
-        super().__init__()
-        self.fc1 = nn.Linear(np.array(env.single_observation_space.shape).prod(), 256)
-        self.fc2 = nn.Linear(256, 256)
-        self.fc_mean = nn.Linear(256, np.prod(env.single_action_space.shape))
-        self.fc_logstd = nn.Linear(256, np.prod(env.single_action_space.shape))
-        _register_action_rescaling(self, env)  # action rescaling
-
-    def forward(self, x):
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        mean = self.fc_mean(x)
-        log_std = self.fc_logstd(x)
-        log_std = torch.tanh(log_std)
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # From SpinUp / Denis Yarats
-        return mean, log_std
-
-    def get_action(self, x):
-        mean, log_std = self(x)
-        std = log_std.exp()
-        normal = torch.distributions.Normal(mean, std)
-        x_t = normal.rsample()  # for reparameterization trick (mean + std * N(0,1))
-        y_t = torch.tanh(x_t)
-        action = y_t * self.action_scale + self.action_bias
-        log_prob = normal.log_prob(x_t)
-        # Enforcing Action Bound
-        log_prob -= torch.log(self.action_scale * (1 - y_t.pow(2)) + 1e-6)
-        log_prob = log_prob.sum(1, keepdim=True)
-        mean = torch.tanh(mean) * self.action_scale + self.action_bias
-        return action, log_prob, mean
 
 
 def plain_sac(env_id: str, steps: int, learning_starts: int, seed: int = 1, device: str = "cpu",
@@ -477,21 +398,6 @@ class TD3Args:
     exploration_noise: float = 0.1
     policy_frequency: int = 2
     noise_clip: float = 0.5
-
-
-class TD3Actor(nn.Module):
-    def __init__(self, env):
-        super().__init__()
-        self.fc1 = nn.Linear(np.array(env.single_observation_space.shape).prod(), 256)
-        self.fc2 = nn.Linear(256, 256)
-        self.fc_mu = nn.Linear(256, np.prod(env.single_action_space.shape))
-        _register_action_rescaling(self, env)  # action rescaling
-
-    def forward(self, x):
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        x = torch.tanh(self.fc_mu(x))
-        return x * self.action_scale + self.action_bias
 
 
 def plain_td3(env_id: str, steps: int, learning_starts: int, seed: int = 1, device: str = "cpu",
