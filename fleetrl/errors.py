@@ -64,6 +64,7 @@ EXTRAS = {
     "track": "wandb",
     "stats": "rliable 'arch<8' 'pandas<3'",
     "export": "onnx onnxruntime",
+    "memory": "minigrid",
 }
 
 

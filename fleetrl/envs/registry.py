@@ -20,7 +20,7 @@ from typing import Callable, TypeVar
 
 import gymnasium as gym
 
-from fleetrl.envs import atari, partial  # noqa: F401  (partial registers CartPoleNoVel-v1)
+from fleetrl.envs import atari, memory, partial  # noqa: F401  (partial registers CartPoleNoVel-v1, memory ProofofMemory-v0)
 from fleetrl.envs.bounded import ProbeHung, run_bounded
 from fleetrl.envs.multiagent import GameEnv, is_atari_game, is_pettingzoo_id
 from fleetrl.envs.spaces import check_action_space
@@ -92,6 +92,8 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     name = import_env_module(env_id)
     if atari.is_atari_id(name):
         atari.register_ale()
+    if memory.is_minigrid_id(name):
+        memory.require_minigrid(env_id)  # registers MiniGrid's ids, or names the extra
     try:
         return gym.spec(name)
     except gym.error.Error:
@@ -157,7 +159,8 @@ def env_family(env_id: str, env_timeout: float | None = ENV_TIMEOUT_S) -> EnvFam
     if "mujoco" in entry:
         require("mujoco", "mujoco", f"The MuJoCo environment {env_id!r}")
         return EnvFamily("mujoco", continuous=True)
-    action_space = read_built(lambda: gym.make(name), lambda probe: probe.action_space, env_id, env_timeout)
+    make = (lambda: memory.make_minigrid(name)) if memory.is_minigrid_id(name) else (lambda: gym.make(name))
+    action_space = read_built(make, lambda probe: probe.action_space, env_id, env_timeout)
     check_action_space(env_id, action_space)
     continuous = isinstance(action_space, gym.spaces.Box)
     # continuous-control envs outside MuJoCo (Pendulum, ...) take the MuJoCo defaults, as in CleanRL
@@ -212,9 +215,10 @@ class EnvFactory:
             env = atari.make_atari(name, self.training, self.sticky_actions, render_mode, self.frame_stack)
         else:
             kwargs = {"render_mode": render_mode} if render_mode else {}  # custom envs may not take it
-            env = EpisodeStats(gym.make(name, **kwargs))
+            minigrid = memory.is_minigrid_id(name)  # CleanRL's ppo_trxl wrapping: 84x84 images for its CNN
+            env = EpisodeStats(memory.make_minigrid(name, render_mode) if minigrid else gym.make(name, **kwargs))
             space = env.observation_space
-            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:  # Dict, Tuple, Discrete, 2-D, images
+            if not minigrid and (not isinstance(space, gym.spaces.Box) or len(space.shape) != 1):  # Dict, Tuple, Discrete, 2-D, images
                 env = _flattened(env, self.env_id)
             env = CheckOutputs(env, self.env_id)  # NaN/inf or a wrong shape: a clear error naming the env and the step
         if self.video_dir:
