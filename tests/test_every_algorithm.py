@@ -52,7 +52,8 @@ def finished(out: Path, name: str) -> str:
 def test_the_job_trains_every_algorithm_fleetrl_has():
     from fleetrl.algos import ALGOS
 
-    assert set(job.TRAIN) == set(ALGOS), "an algorithm added to fleetrl gets its 2-rank run in dist_every_algorithm.TRAIN"
+    one_process = {"qdagger"}  # refuses torchrun (tests/test_qdagger.py): its distillation weight reads each episode's end
+    assert set(job.TRAIN) | one_process == set(ALGOS), "an algorithm added to fleetrl gets its 2-rank run in dist_every_algorithm.TRAIN"
 
 
 # ------------------------------------------------------------------------------------------ every algorithm's replicas
