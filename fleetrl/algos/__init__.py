@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fleetrl import config
 
-ALGOS = ("ppo", "ppo_lstm", "ppg", "ppo_rnd", "dqn", "c51", "rainbow", "qdagger", "pqn", "sac", "sac_discrete", "td3", "ddpg")
+ALGOS = ("ppo", "ppo_lstm", "ppg", "ppo_rnd", "ppo_trxl", "dqn", "c51", "rainbow", "qdagger", "pqn", "sac", "sac_discrete", "td3", "ddpg")
 
 
 def agent_rows(algo: str, algorithm_file: dict[str, str] | None = None) -> tuple[bool, list[str]]:

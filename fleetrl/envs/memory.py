@@ -3,7 +3,7 @@ import) and MiniGrid's memory ids (``MiniGrid-MemoryS9-v0``, ...) wrapped as Cle
 
 memory-gym (MortarMayhem, MysteryPath) is not among them: it runs under gymnasium 1.x unchanged, but its 1.0.2 pins
 gymnasium 0.29 and pygame 2.4, so no extra can install it beside fleetrl (pip either downgrades gymnasium or picks
-memory-gym 0.3 on gym 0.26); see /work/shared/research/trxl-qdagger.md section 1 and docs/algorithms.md.
+memory-gym 0.3 on gym 0.26); docs/algorithms.md says more.
 """
 
 from __future__ import annotations
