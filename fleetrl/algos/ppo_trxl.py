@@ -27,7 +27,6 @@ Differences from CleanRL, each on purpose (besides PPO's, ppo.py):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
