@@ -63,6 +63,8 @@ def test_impala_student_is_cleanrls_network_its_weights_and_q_values_for_the_sam
     frames = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, 4, 84, 84), dtype=np.uint8))
     with torch.no_grad():
         assert torch.equal(ours(frames), theirs(frames))
+        # acting goes through the same scaling of uint8 frames (it once called the layers without it)
+        np.testing.assert_array_equal(ours.q_values_on_host(torch.device("cpu"))(frames.numpy()), ours(frames).numpy())
 
 
 def test_distillation_loss_is_cleanrls_kl_summed_over_the_batch_and_actions():

@@ -53,6 +53,7 @@ from fleetrl.monitor import TrainResult
 from fleetrl.offpolicy import STEPS_PER_ITERATION, optimizer_step, soft_update, step_envs, times_due
 from fleetrl.policy import policy_fn
 from fleetrl.run import Run
+from fleetrl.sampling.acting import host_forward
 from fleetrl.sampling.replay import ReplayBatch
 
 
@@ -191,7 +192,10 @@ class ImpalaQNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x / 255.0)
 
-    q_values_on_host = dqn.QNetwork.q_values_on_host  # a CNN runs in torch
+    def q_values_on_host(self, device: torch.device) -> Callable[[np.ndarray], np.ndarray]:
+        """numpy frames -> numpy Q-values, through ``forward`` (its scaling is not in ``self.network``)."""
+        return host_forward(self, device)
+
     act = dqn.QNetwork.act  # greedy, or epsilon-greedy
 
 
