@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl import checkpoint
+from fleetrl import checkpoint, config
 from fleetrl.algos import qdagger
 from fleetrl.errors import FleetError
 from fleetrl.monitor.tbread import read_scalars
@@ -124,7 +124,7 @@ def test_student_exports_to_onnx_that_acts_as_eval_does(student, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ resume
-def test_a_resume_in_the_offline_phase_ends_bit_for_bit_where_the_whole_run_ends(teachers, tmp_path):
+def test_a_resume_in_the_offline_phase_ends_bit_for_bit_where_the_whole_run_ends(teachers, tmp_path, capsys):
     # the phase and its position come from the checkpoint's iteration; with --save-buffer the teacher's buffer too
     flags = dict(env_id="CartPole-v1", teacher_checkpoint=teachers["weak"], teacher_steps=300, offline_steps=300, total_timesteps=300,
                  learning_starts=100, batch_size=32, buffer_size=2000, save_buffer=True, checkpoint_every=1, keep_checkpoints=20, **SHORT)
@@ -138,6 +138,11 @@ def test_a_resume_in_the_offline_phase_ends_bit_for_bit_where_the_whole_run_ends
     assert a["global_step"] == b["global_step"] == 900
     assert all(torch.equal(a["q_network"][k], b["q_network"][k]) for k in a["q_network"])
     assert a["distillation"] == b["distillation"]
+    # without the saved buffer the teacher's rollouts run again first, and the run ends where it should
+    args = qdagger.Args(run_dir=str(tmp_path / "refilled"), resume=str(mid_offline), **{**flags, "save_buffer": False})
+    qdagger.train(args, explicit=config.fields_differing_from_default(args) | {"save_buffer"})
+    assert "the teacher's rollouts run again for 300 steps" in capsys.readouterr().err
+    assert checkpoint.load_checkpoint(tmp_path / "refilled")["global_step"] == 900
 
 
 # ------------------------------------------------------------------------------------------ bad input
