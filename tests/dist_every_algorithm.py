@@ -31,6 +31,8 @@ ON_POLICY_SMALL = [*CARTPOLE, "--env-backend", "sync", "--num-envs", "4", "--num
 TRAIN: dict[str, list[str]] = {
     # the default backend: every env step of both ranks lands in a logged episode
     "ppo": ["ppo", *CARTPOLE, "--total-timesteps", str(4 * 512)],
+    "ppo_trxl": ["ppo_trxl", "--env-id", "ProofofMemory-v0", "--no-cuda", "--env-backend", "sync", "--num-envs", "4", "--num-steps", "32",
+                 "--num-minibatches", "2", "--trxl-num-layers", "1", "--trxl-num-heads", "1", "--trxl-dim", "32", "--total-timesteps", str(2 * 128)],
     "ppo_lstm": ["ppo_lstm", "--env-id", "CartPoleNoVel-v1", "--no-cuda", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
                  "--total-timesteps", "128"],  # 2 iterations: the LSTM's state crosses an iteration's end
     "ppo_rnd": ["ppo_rnd", *ON_POLICY_SMALL, "--num-iterations-obs-norm-init", "2", "--total-timesteps", str(4 * 128)],

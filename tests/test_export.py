@@ -53,6 +53,7 @@ class Family:
     flags: tuple[str, ...]
     continuous: bool = False
     min_steps: int = 400
+    random_head: bool = False  # a head of random weights: a tiny run's policy may play one action in every state
 
 
 FAMILIES = {
@@ -61,6 +62,10 @@ FAMILIES = {
     "ppo_continuous": Family("ppo", "Pendulum-v1", (*ON_POLICY, "--update-epochs", "2", "--normalize", "True"), continuous=True,
                              min_steps=1000),
     "ppo_lstm": Family("ppo_lstm", "CartPole-v1", (*ON_POLICY, "--update-epochs", "2")),
+    # its state is the episode's memory and step: the graph must carry both, and zero them where an episode starts
+    "ppo_trxl": Family("ppo_trxl", "ProofofMemory-v0", ("--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2",
+                                                        "--trxl-num-layers", "1", "--trxl-num-heads", "2", "--trxl-dim", "32",
+                                                        "--total-timesteps", "512"), random_head=True),
     "ppg": Family("ppg", "CartPole-v1", (*ON_POLICY, "--n-iteration", "2", "--e-auxiliary", "1", "--num-aux-rollouts", "2")),
     "pqn": Family("pqn", "CartPole-v1", (*ON_POLICY,)),
     "dqn": Family("dqn", "CartPole-v1", (*OFF_POLICY, "--buffer-size", "1000")),
@@ -105,7 +110,7 @@ class Lab:
             trained = run_fleetrl_in_process("train", family.algo, "--env-id", family.env_id, *family.flags, *TRAINING,
                                              "--run-dir", str(run_dir))
             assert trained.returncode == 0, trained.stderr[-3000:]
-            spread_policy_head(run_dir)
+            spread_policy_head(run_dir, family.random_head)
             self._checkpoints[name] = checkpoint.list_checkpoints(run_dir)[-1]
             # the whole budget ran: past --learning-starts, so the weights are trained ones, not the seed's initial ones
             total = family.flags[family.flags.index("--total-timesteps") + 1]
@@ -151,18 +156,22 @@ class Lab:
         return self._recordings[name]
 
 
-def spread_policy_head(run_dir: Path) -> None:
-    """PPO's agents (PPO, PPO-LSTM, PPG) start their policy head at 0.01 of its layers' scale (CleanRL's init), and a few
+def spread_policy_head(run_dir: Path, random_head: bool = False) -> None:
+    """PPO's agents (PPO, PPO-LSTM, PPO-TrXL, PPG) start their policy head at 0.01 of its layers' scale (CleanRL's init), and a few
     updates leave its logits near ties and its Gaussian means near 0, where an export that lost a step could still agree
     with eval. Scaled HEAD_SCALE times and saved again as the run's checkpoint, its argmax has margins and its means pass
     the action bounds, so eval's clip acts too."""
     state = checkpoint.load_checkpoint(run_dir)
-    layers = {key.rsplit(".", 1)[0] for key in state.get("model", {}) if key.startswith("actor.")}
+    layers = {key.rsplit(".", 1)[0] for key in state.get("model", {}) if key.startswith(("actor.", "actor_branches."))}
     if not layers:
         return
     head = max(layers, key=lambda layer: int(layer.split(".")[1]) if "." in layer else 0)  # actor.4 of actor.0-4, or actor
     for tensor in ("weight", "bias"):
         state["model"][f"{head}.{tensor}"] *= HEAD_SCALE
+    if random_head:  # the features decide, not a bias that a few updates pushed towards one action
+        weight = state["model"][f"{head}.weight"]
+        weight += torch.randn(weight.shape, generator=torch.Generator().manual_seed(SEED))
+        state["model"][f"{head}.bias"].zero_()
     checkpoint.save_checkpoint(state, run_dir, keep=1)
 
 
@@ -309,7 +318,7 @@ def test_metadata_names_the_checkpoint_the_env_and_the_spaces(lab, name):
     import onnxruntime
 
     inputs = onnxruntime.InferenceSession(str(lab.exported(name)), providers=["CPUExecutionProvider"]).get_inputs()
-    if name == "ppo_lstm":  # the state's shape and its zeros are in the metadata, and the graph takes that shape
+    if name in ("ppo_lstm", "ppo_trxl"):  # the state's shape and its zeros are in the metadata, and the graph takes that shape
         assert [i.name for i in inputs] == ["obs", "state", "starts"]
         assert meta["recurrent"]["initial_state"] == "zeros" and inputs[1].shape[1:] == meta["recurrent"]["state_shape"]
     else:

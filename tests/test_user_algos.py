@@ -26,6 +26,8 @@ from conftest import (fleetrl_env, require_module, run_fleetrl, run_fleetrl_here
 # per algorithm: an env, and flags that make a run of `total` steps a few seconds long (two envs: torchrun splits them)
 TINY = {
     "ppo": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
+    "ppo_trxl": ("ProofofMemory-v0", ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--trxl-num-layers", "1",
+                                      "--trxl-num-heads", "1", "--trxl-dim", "32"], 512),
     "ppo_lstm": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32"], 512),
     "ppg": ("CartPole-v1", ["--num-envs", "2", "--num-steps", "64", "--precision", "fp32", "--n-iteration", "2", "--e-auxiliary", "1",
                             "--num-aux-rollouts", "2"], 512),

@@ -340,7 +340,7 @@ class Agent(nn.Module):
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, starts: torch.Tensor | None = None):
         """One step of ``N`` envs from their states (zeroed where ``starts``): logits, values and the states after."""
-        n = len(x)
+        n = x.shape[0]  # not len(): a traced graph (fleetrl export) keeps its batch free
         state = torch.zeros(n, *self.state_shape, device=x.device) if state is None else state
         if starts is not None:
             state = torch.where(starts.reshape(-1, 1, 1, 1), torch.zeros((), device=x.device), state)
@@ -349,7 +349,8 @@ class Agent(nn.Module):
         hidden, new_memory = self.hidden(x, batched_index_select(memory, 1, indices), mask, indices)
         after = state.clone()
         after[torch.arange(n, device=x.device), episode_step.clamp(max=self.max_episode_steps - 1)] = new_memory
-        after[:, -1] = (episode_step + 1).to(state.dtype)[:, None, None]
+        step_row = (episode_step + 1).to(state.dtype).reshape(-1, 1, 1, 1).expand(-1, 1, *state.shape[2:])
+        after = torch.cat((after[:, :-1], step_row), dim=1)  # not an assignment: a traced graph (export) keeps its batch free
         return self.actor(hidden), self.critic(hidden).flatten(), after
 
     def evaluate(self, mb: dict[str, torch.Tensor]):
