@@ -7,6 +7,7 @@
     python benchmarks/learning.py --suite memory --png docs/img/lstm_memory.png   # ppo_lstm against ppo, no velocities
     python benchmarks/learning.py --suite cheetah        # SAC and TD3 against CleanRL's loop on HalfCheetah-v5, 50k steps
     python benchmarks/learning.py --suite multiagent     # shared PPO, independent learners, random: simple_spread
+    python benchmarks/learning.py --suite reincarnation --seeds 1-5   # QDagger from a 500-scoring DQN teacher against DQN from scratch
 
 Each run is its own process with one torch thread, `--parallel` at a time (2): a row's CPU seconds are its cost, and its
 wall seconds depend on whatever else the machine runs. A run's score is the best rolling mean of its last `window` episode returns ("best"), or
@@ -57,6 +58,7 @@ class Check:
     seeds: tuple[int, ...] = (1,)
     share: float = 1.0  # the share of seeds that must meet the bar
     eval_episodes: int = 0  # > 0: `fleetrl eval` the final policy; it must give at least 0.9x the last `window`
+    not_env_steps: int = 0  # logged steps that are not env steps (QDagger's offline updates), taken off "reached at step"
     note: str = ""
 
     @property
@@ -111,12 +113,28 @@ CHECKS = [
     Check("random", ("multiagent",), ["ippo", *SPREAD, "--random"], 500_000, None, window=300, score="last", stop=False,
           seeds=tuple(range(1, 11))),
 ]
-SUITES = ("checks", "full", "memory", "cheetah", "multiagent")
+# --- "reincarnation" (issue 48): a QDagger student of a DQN teacher that scores 500 (TEACHER, trained first) reaches 475
+# in fewer env steps, its teacher's 5,000 rollout steps counted (its 5,000 offline updates are not env steps), than DQN
+# from scratch, with DQN's defaults and with the teacher's tuned flags; each stopped at the bar; "reached at" per seed,
+# then its mean with a bootstrap interval over the seeds
+TEACHER = Check("teacher", (), ["dqn", *CARTPOLE, "--learning-rate", "1e-3", "--train-frequency", "1", "--learning-starts", "1000",
+                                "--exploration-fraction", "0.2", "--target-network-frequency", "100"], 100_000, 500, eval_episodes=10)
+TEACHER_DIR = "{teacher}"  # in a command: the teacher's run folder
+CHECKS += [
+    Check("qdagger-student", ("reincarnation",), ["qdagger", *CARTPOLE, "--teacher-checkpoint", TEACHER_DIR], 100_000, 475,
+          seeds=(1, 2, 3, 4, 5), not_env_steps=5_000, note="QDagger's classic defaults: 5k teacher steps (counted), 5k offline updates"),
+    Check("dqn-scratch", ("reincarnation",), ["dqn", *CARTPOLE], 500_000, 475, seeds=(1, 2, 3, 4, 5),
+          note="DQN's classic defaults (epsilon falls over 250k steps)"),
+    Check("dqn-tuned-scratch", ("reincarnation",), TEACHER.command, 100_000, 475, seeds=(1, 2, 3, 4, 5),
+          note="the teacher's flags: DQN tuned for CartPole (epsilon over 20k, an update every step)"),
+]
+SUITES = ("checks", "full", "memory", "cheetah", "multiagent", "reincarnation")
 
 
 def command(check: Check, seed: int, run_dir: Path) -> list[str]:
     """The process that makes one run, with one torch thread, writing its episode returns into ``run_dir``."""
     head, *flags = check.command
+    flags = [str(run_dir.parent.parent / TEACHER.name / f"{TEACHER.env}__1") if f == TEACHER_DIR else f for f in flags]
     common = ["--seed", str(seed), "--total-timesteps", str(check.budget), "--run-dir", str(run_dir)]
     if head.startswith("plain:"):
         return [sys.executable, __file__, "--plain", head[len("plain:"):], *flags, *common]
@@ -162,6 +180,7 @@ def run(check: Check, seed: int, out: Path) -> dict:
     if returncode != 0:
         return {**result, "error": f"exit {returncode}: {stderr.strip()[-600:]}", "met": False}
     steps, returns = returns_of(run_dir)
+    steps = steps - check.not_env_steps
     means = rolling(returns, check.window)
     if check.score == "best":
         score = float(means.max()) if len(means) else float("nan")
@@ -201,10 +220,30 @@ def results_table(checks: list[Check], results: dict[str, list[dict]]) -> str:
         if len(results[check.name]) > 1 and check.bar is not None:
             met = sum(r["met"] for r in results[check.name])
             runs = len(results[check.name])
-            rows.append([f"**{check.name}**", f"{met} of {runs} met, {needed(check, runs)} needed", *[""] * 10])
+            rows.append([f"**{check.name}**", f"{met} of {runs} met, {needed(check, runs)} needed", *[""] * 5,
+                         f"mean {interval([r.get('reached_at') for r in results[check.name]], check.budget)}", *[""] * 4])
     notes = [f"- {c.name}: {c.note}" for c in checks if c.note]
     header = ["check", "algorithm", "env", "seed", "budget", "bar", "score", "reached at step", "eval", "met", "wall s", "CPU s"]
     return "\n".join([table(header, rows), *([""] + notes if notes else [])])
+
+
+def interval(reached: list[int | None], budget: int, resamples: int = 10_000) -> str:
+    """The mean step at which the seeds reached the bar, with a 95% percentile-bootstrap interval over the seeds; a seed
+    that never reached it counts at the budget, so the mean is a lower bound ("at least")."""
+    steps = np.array([budget if r is None else r for r in reached], float)
+    means = np.random.default_rng(0).choice(steps, (resamples, len(steps))).mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return f"{'at least ' if None in reached else ''}{steps.mean():,.0f} [95% CI {low:,.0f} to {high:,.0f}]"
+
+
+def train_teacher(out: Path) -> dict:
+    """The reincarnation suite's teacher, first: DQN to a rolling 500 (tuned to get there in minutes), then `fleetrl eval`
+    of it, which must give at least 475."""
+    result = run(TEACHER, 1, out)
+    print(json.dumps(result), flush=True)
+    if not result["met"] or result.get("eval_return", 0) < 475:
+        sys.exit(f"the teacher did not reach 500 with an eval of 475 or more: {result}")
+    return result
 
 
 def plot(checks: list[Check], out: Path, png: str) -> None:
@@ -275,6 +314,7 @@ def main() -> None:
     out = opts.out.resolve() / opts.suite
     jobs = [(check, seed) for check in checks for seed in (opts.seeds or check.seeds)]
     started = time.perf_counter()
+    teacher = train_teacher(out) if any(TEACHER_DIR in c.command for c in checks) else None
     results: dict[str, list[dict]] = {c.name: [] for c in checks}
     with ThreadPoolExecutor(opts.parallel) as pool:
         for (check, _), result in zip(jobs, pool.map(lambda job: run(*job, out), jobs)):
@@ -284,7 +324,7 @@ def main() -> None:
 
     command_line = f"python benchmarks/learning.py {' '.join(sys.argv[1:])}".strip()
     text = (f"`{command_line}`\n\n{host_line()}; torch {torch.__version__}, {opts.parallel} runs at a time\n\n"
-            f"{results_table(checks, results)}\n\nWall time: {(time.perf_counter() - started) / 60:.1f} min")
+            f"{results_table(([TEACHER] if teacher else []) + checks, {TEACHER.name: [teacher], **results} if teacher else results)}\n\nWall time: {(time.perf_counter() - started) / 60:.1f} min")
     print(text)
     if opts.markdown:
         opts.markdown.write_text(text + "\n")
