@@ -40,6 +40,9 @@ TINY = {
     "td3": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
     "ddpg": ("InvertedPendulum-v5", ["--num-envs", "2", "--learning-starts", "200", "--batch-size", "32"], 600),
     "sac_discrete": ("CartPole-v1", ["--num-envs", "2", "--learning-starts", "200", "--buffer-size", "1000", "--batch-size", "32"], 600),
+    # its three phases: 200 teacher steps, 100 offline updates, 300 online steps; TEACHER: a short DQN run (dqn_teacher)
+    "qdagger": ("CartPole-v1", ["--teacher-checkpoint", "TEACHER", "--teacher-steps", "200", "--offline-steps", "100", "--learning-starts",
+                                "100", "--buffer-size", "1000", "--batch-size", "32", "--teacher-eval-episodes", "1"], 300),
 }
 COMMON = ["--env-backend", "sync", "--no-progress"]
 
@@ -49,8 +52,18 @@ def new_file(folder: Path, name: str, algo: str, *flags: str) -> subprocess.Comp
     return run_fleetrl_in_process("new", name, "--from", algo, *flags, cwd=folder)
 
 
+def dqn_teacher(folder: Path) -> str:
+    """QDagger's teacher: a DQN run of 300 CartPole steps in ``folder``, in this process."""
+    from fleetrl.algos import dqn
+
+    dqn.train(dqn.Args(env_id="CartPole-v1", total_timesteps=300, learning_starts=100, buffer_size=1000, torch_threads=1, cuda=False,
+                       env_backend="sync", progress=False, run_dir=str(folder)))
+    return str(folder)
+
+
 def train_flags(algo: str, total: int, run_dir: Path) -> list[str]:
     env_id, flags, _ = TINY[algo]
+    flags = [dqn_teacher(run_dir.parent / "teacher") if flag == "TEACHER" else flag for flag in flags]
     return ["--env-id", env_id, *flags, *COMMON, "--total-timesteps", str(total), "--run-dir", str(run_dir)]
 
 
@@ -159,7 +172,8 @@ def test_each_copy_trains_as_python_file_and_evaluates_with_its_own_code(tmp_pat
     trained = run_python_file_here(file.name, *train_flags(algo, TINY[algo][2], run_dir), cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     state = saved(run_dir)
-    assert state["algo"] == name and state["global_step"] == TINY[algo][2] and state["algo_file"]["path"] == str(file.resolve())
+    before_online = 300 if algo == "qdagger" else 0  # QDagger's clock counts its teacher's steps and offline updates first
+    assert state["algo"] == name and state["global_step"] == TINY[algo][2] + before_online and state["algo_file"]["path"] == str(file.resolve())
     evaluated = run_fleetrl_here("eval", str(run_dir), "--episodes", "1", "--json", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
