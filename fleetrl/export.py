@@ -178,7 +178,8 @@ def export(args: ExportArgs) -> Path:
                 _write_onnx(module, inputs, names, meta, temporary)
                 run = lambda *check: run_onnx(temporary, check)  # noqa: E731
             else:
-                traced = torch.jit.trace(module, inputs, check_trace=False)
+                # frozen: the weights become constants and what the action does not use (a value head) is dropped
+                traced = torch.jit.freeze(torch.jit.trace(module.eval(), inputs, check_trace=False))
                 torch.jit.save(traced, str(temporary), _extra_files={f"{METADATA_KEY}.json": json.dumps(meta, allow_nan=False)})
                 loaded = torch.jit.load(str(temporary))
                 run = lambda *check: _as_list(loaded(*check))  # noqa: E731
