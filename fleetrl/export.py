@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shlex
 import sys
 import warnings
@@ -29,7 +28,7 @@ import tyro
 from torch import nn
 
 import fleetrl
-from fleetrl import checkpoint, evaluate, runtime
+from fleetrl import checkpoint, evaluate, files, runtime
 from fleetrl.algos import eval_code
 from fleetrl.envs import atari, make_vector_env
 from fleetrl.envs.registry import MULTIAGENT_FAMILIES, env_family, env_id_for_checkpoint, split_custom_id
@@ -170,8 +169,7 @@ def export(args: ExportArgs) -> Path:
     names = output_names(module, inputs)
     meta = metadata(state, path, str(algo.__name__), env_id, family, obs_space, action_space, module, names, inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
+    with files.replacing(out, suffix=FORMATS[args.format]) as temporary:  # renamed over out only if the check passes
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # tracing's warnings about Python branches: each is taken as eval takes it
             if args.format == "onnx":
@@ -192,9 +190,6 @@ def export(args: ExportArgs) -> Path:
             how = failed or ("its outputs have other shapes" if math.isinf(worst) else f"its outputs are {worst:.3g} apart")
             raise FleetError(f"The exported graph of {path} does not reproduce its policy on the example observations ({how}), "
                              f"so it was not written. Report this with the checkpoint's algorithm ({meta['algo']}).")
-        os.replace(temporary, out)
-    finally:
-        temporary.unlink(missing_ok=True)
     print(f"{out}: {meta['algo']} on {env_id} @ step {state['global_step']:,}, {args.format}; inputs "
           f"{', '.join(i['name'] for i in meta['inputs'])} -> outputs {', '.join(o['name'] for o in meta['outputs'])}")
     return out
