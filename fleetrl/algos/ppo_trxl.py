@@ -40,7 +40,7 @@ from torch.distributions import Categorical
 from fleetrl import config, onpolicy
 from fleetrl.algos import ppo
 from fleetrl.algos.source import train_main
-from fleetrl.args import ONPOLICY_RANGES, OnPolicyArgs, validate_onpolicy
+from fleetrl.args import OnPolicyArgs, validate_onpolicy
 from fleetrl.distributed import Dist
 from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
@@ -117,22 +117,12 @@ FAMILY_DEFAULTS = {"classic": {}}  # CleanRL's defaults are the flags' own; memo
 AGENT_ROWS = False  # PettingZoo games refused: an agent that leaves a game early would cut its episode memory
 
 RANGES = {
-    **ONPOLICY_RANGES,
+    **{name: check for name, check in ppo.RANGES.items() if name not in ("learning_rate", "ent_coef")},  # annealed here
     "init_lr": config.positive("the initial learning rate", config.COEF_MAX),
     "final_lr": config.non_negative("the final learning rate", config.COEF_MAX),
-    "num_steps": config.count("steps each env takes per rollout"),
     "anneal_steps": config.count("steps over which the learning rate and entropy coefficient anneal", low=0),
-    "gamma": config.fraction("the discount factor"),
-    "gae_lambda": config.fraction("the GAE lambda"),
-    "num_minibatches": config.count("minibatches each batch is split into"),
-    "update_epochs": config.count("passes over each batch"),
-    "clip_coef": config.positive("the surrogate clipping range", config.COEF_MAX),
     "init_ent_coef": config.non_negative("the initial weight of the entropy bonus", config.COEF_MAX),
     "final_ent_coef": config.non_negative("the final weight of the entropy bonus", config.COEF_MAX),
-    "vf_coef": config.non_negative("the weight of the value loss", config.COEF_MAX),
-    "max_grad_norm": config.positive("the gradient norm clipping threshold", config.COEF_MAX),
-    "target_kl": config.positive("the KL divergence that stops an update early", config.COEF_MAX, optional=True,
-                                 hint="Leave it out to never stop early."),
     "trxl_num_layers": config.count("transformer layers", high=64),
     "trxl_num_heads": config.count("attention heads", high=256),
     "trxl_dim": config.count("the transformer's width", high=65536),
