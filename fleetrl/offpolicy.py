@@ -9,7 +9,7 @@ the buffer, an optimiser step averaged over ranks, the soft target update.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +20,7 @@ from fleetrl.args import STEPS_PER_ITERATION
 from fleetrl.envs.vector import episode_stats
 from fleetrl.sampling.replay import ReplayBuffer, check_fits_in_memory
 
-__all__ = ["STEPS_PER_ITERATION", "learning_starts", "make_replay", "num_iterations", "optimizer_step", "soft_update", "step_envs",
+__all__ = ["STEPS_PER_ITERATION", "epsilon_greedy", "learning_starts", "make_replay", "num_iterations", "optimizer_step", "soft_update", "step_envs",
            "times_due", "uniform_actions"]
 
 
@@ -79,6 +79,19 @@ def times_due(global_step: int, steps: int, every: int) -> int:
     """How many of the ``steps`` timesteps numbered from ``global_step`` on are multiples of ``every``: CleanRL's
     ``global_step % every == 0`` when one env steps at a time, and the same number of updates per env step with more."""
     return (global_step + steps - 1) // every - (global_step - 1) // every
+
+
+def epsilon_greedy(q_values_of: Callable[[np.ndarray], np.ndarray], obs: np.ndarray, epsilon: float, num_actions: int) -> np.ndarray:
+    """DQN's acting: each env explores with probability ``epsilon``, drawing one uniform pair per env from numpy's global
+    RNG (one call: 0.6 us against 1.8 for randint + random, benchmarks/costs.py micro), else acts greedily; the network
+    runs only if some env does not explore. At epsilon 0 (Rainbow: its noisy layers explore) it draws nothing."""
+    if epsilon <= 0:
+        return q_values_of(obs).argmax(axis=1)
+    draws = np.random.random((2, len(obs)))
+    explore, actions = draws[0] < epsilon, (draws[1] * num_actions).astype(np.int64)
+    if not explore.all():
+        actions = np.where(explore, actions, q_values_of(obs).argmax(axis=1))
+    return actions
 
 
 def uniform_actions(action_space: gym.spaces.Box | gym.spaces.Discrete, num_envs: int) -> np.ndarray:

@@ -34,7 +34,7 @@ from fleetrl.args import OFFPOLICY_RANGES, OffPolicyArgs, validate_offpolicy
 from fleetrl.learner import check_policy_lag
 from fleetrl.monitor import TrainResult
 from fleetrl.nets import NatureCNN, mlp
-from fleetrl.offpolicy import STEPS_PER_ITERATION, optimizer_step, soft_update, step_envs, times_due
+from fleetrl.offpolicy import STEPS_PER_ITERATION, epsilon_greedy, optimizer_step, soft_update, step_envs, times_due
 from fleetrl.policy import policy_fn
 from fleetrl.run import Run
 from fleetrl.sampling.acting import host_forward
@@ -174,7 +174,7 @@ def train(args: Args, explicit: set[str] | None = None, algo="dqn", family_defau
     with Run.start(args, explicit, family_defaults, validate, algo=algo, lag_worker="learner process") as run:
         args, dist, device = run.args, run.dist, run.device
         envs = run.make_envs()  # this rank's envs; a continuous action space was refused here
-        obs_shape, num_actions, num_envs = envs.single_observation_space.shape, int(envs.single_action_space.n), run.local_num_envs
+        obs_shape, num_actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
         num_iterations = offpolicy.num_iterations(args)  # STEPS_PER_ITERATION vector steps each
         local_batch_size = args.batch_size // dist.world_size  # each rank's share of a batch
 
@@ -213,13 +213,7 @@ def train(args: Args, explicit: set[str] | None = None, algo="dqn", family_defau
                 # global_step counts the env steps taken before this one (all envs of all ranks), as CleanRL's loop variable
                 epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
                 with log.timer.inference:
-                    if epsilon > 0:
-                        draws = np.random.random((2, num_envs))  # one call: 0.6 us against 1.8 for randint + random (benchmarks/costs.py micro)
-                        explore, actions = draws[0] < epsilon, (draws[1] * num_actions).astype(np.int64)
-                        if not explore.all():
-                            actions = np.where(explore, actions, q_values_of(obs).argmax(axis=1))
-                    else:  # greedy, no draws (Rainbow: its noisy layers explore)
-                        actions = q_values_of(obs).argmax(axis=1)
+                    actions = epsilon_greedy(q_values_of, obs, epsilon, num_actions)
 
                 # TRY NOT TO MODIFY: execute the game, save the data to the replay buffer (the true next obs at a time limit)
                 obs = step_envs(envs, rb, obs, actions, global_step + args.num_envs, episodes, log.timer)  # logged at the steps done

@@ -50,7 +50,7 @@ from fleetrl.envs import make_vector_env
 from fleetrl.envs.vector import episode_stats
 from fleetrl.errors import FleetError
 from fleetrl.monitor import TrainResult
-from fleetrl.offpolicy import STEPS_PER_ITERATION, optimizer_step, soft_update, step_envs, times_due
+from fleetrl.offpolicy import STEPS_PER_ITERATION, epsilon_greedy, optimizer_step, soft_update, step_envs, times_due
 from fleetrl.policy import policy_fn
 from fleetrl.run import Run
 from fleetrl.sampling.acting import host_forward
@@ -244,16 +244,6 @@ def evaluate(network: nn.Module, run: Run, episodes: int, epsilon: float) -> lis
         network.epsilon = saved_epsilon
         network.train(was_training)
     return returns[:episodes]
-
-
-def epsilon_greedy(q_values_of: Callable[[np.ndarray], np.ndarray], obs: np.ndarray, epsilon: float, num_actions: int) -> np.ndarray:
-    """Each env explores with probability epsilon (DQN's draws: one uniform pair per env from numpy's global RNG), else
-    acts greedily; the network runs only if some env does not explore."""
-    draws = np.random.random((2, len(obs)))
-    explore, actions = draws[0] < epsilon, (draws[1] * num_actions).astype(np.int64)
-    if not explore.all():
-        actions = np.where(explore, actions, q_values_of(obs).argmax(axis=1))
-    return actions
 
 
 # ============================================================================ loss
