@@ -8,6 +8,7 @@
     python benchmarks/learning.py --suite cheetah        # SAC and TD3 against CleanRL's loop on HalfCheetah-v5, 50k steps
     python benchmarks/learning.py --suite multiagent     # shared PPO, independent learners, random: simple_spread
     python benchmarks/learning.py --suite reincarnation --seeds 1-5   # QDagger from a 500-scoring DQN teacher against DQN from scratch
+    python benchmarks/learning.py --suite pom --seeds 1-5 --parallel 1   # ppo_trxl against ppo_lstm on ProofofMemory-v0, 25k steps
 
 Each run is its own process with one torch thread, `--parallel` at a time (2): a row's CPU seconds are its cost, and its
 wall seconds depend on whatever else the machine runs. A run's score is the best rolling mean of its last `window` episode returns ("best"), or
@@ -128,7 +129,22 @@ CHECKS += [
     Check("dqn-tuned-scratch", ("reincarnation",), TEACHER.command, 100_000, 475, seeds=(1, 2, 3, 4, 5),
           note="the teacher's flags: DQN tuned for CartPole (epsilon over 20k, an update every step)"),
 ]
-SUITES = ("checks", "full", "memory", "cheetah", "multiagent", "reincarnation")
+# --- "pom" (issue 48): PPO-TrXL with CleanRL's documented ProofofMemory-v0 command against PPO-LSTM at the same 25k steps,
+# with its classic defaults and with TrXL's rollout shape; the mean of the last 100 episodes, then its mean over the seeds
+# with a 95% t-interval; the bar 1.0 is remembering the goal (a policy without memory cannot pass 0, the best is about 1.2)
+POM = ["--env-id", "ProofofMemory-v0"]
+TRXL_SHAPE = ["--num-envs", "16", "--num-steps", "128", "--num-minibatches", "8", "--update-epochs", "4"]
+CHECKS += [
+    Check("ppo_trxl-pom", ("pom",), ["ppo_trxl", *POM, *TRXL_SHAPE, "--trxl-num-layers", "4", "--trxl-num-heads", "1", "--trxl-dim", "64",
+                                     "--trxl-memory-length", "16", "--trxl-positional-encoding", "none", "--vf-coef", "0.1", "--max-grad-norm",
+                                     "0.5", "--init-lr", "3.0e-4", "--init-ent-coef", "0.001", "--clip-coef", "0.2"], 25_000, 1.0, window=100,
+          score="last", stop=False, seeds=(1, 2, 3, 4, 5), note="CleanRL's documented command (docs/algorithms.md)"),
+    Check("ppo_lstm-pom", ("pom",), ["ppo_lstm", *POM], 25_000, 1.0, window=100, score="last", stop=False, seeds=(1, 2, 3, 4, 5),
+          note="ppo_lstm's classic defaults (RL Zoo's CartPoleNoVel: 8 envs x 32 steps, 1 minibatch, 20 epochs)"),
+    Check("ppo_lstm-pom-trxl-shape", ("pom",), ["ppo_lstm", *POM, *TRXL_SHAPE], 25_000, 1.0, window=100, score="last", stop=False,
+          seeds=(1, 2, 3, 4, 5), note="the classic defaults with TrXL's 16 envs x 128 steps, 8 minibatches, 4 epochs"),
+]
+SUITES = ("checks", "full", "memory", "cheetah", "multiagent", "reincarnation", "pom")
 
 
 def command(check: Check, seed: int, run_dir: Path) -> list[str]:
@@ -217,7 +233,13 @@ def results_table(checks: list[Check], results: dict[str, list[dict]]) -> str:
             reached = f"{r['reached_at']:,}" if r["reached_at"] is not None else "-"
             ev = f"{r['eval_return']:.0f} vs {r['last_training']:.0f}" if "eval_return" in r else ""
             rows.append([*start, f"{r['score']:.1f} ({kind})", reached, ev, "-" if check.bar is None else "yes" if r["met"] else "no", *end])
-        if len(results[check.name]) > 1 and check.bar is not None:
+        if len(results[check.name]) > 1 and check.score == "last":  # a final score, compared across configurations
+            runs = len(results[check.name])
+            met = f"{sum(r['met'] for r in results[check.name])} of {runs} met, {needed(check, runs)} needed" if check.bar is not None else ""
+            reached = f"mean {interval([r.get('reached_at') for r in results[check.name]], check.budget)}" if check.bar is not None else ""
+            rows.append([f"**{check.name}**", met, *[""] * 4, score_interval([r.get("score", math.nan) for r in results[check.name]]),
+                         reached, *[""] * 4])
+        elif len(results[check.name]) > 1 and check.bar is not None:
             met = sum(r["met"] for r in results[check.name])
             runs = len(results[check.name])
             rows.append([f"**{check.name}**", f"{met} of {runs} met, {needed(check, runs)} needed", *[""] * 5,
@@ -234,6 +256,15 @@ def interval(reached: list[int | None], budget: int, resamples: int = 10_000) ->
     means = np.random.default_rng(0).choice(steps, (resamples, len(steps))).mean(axis=1)
     low, high = np.percentile(means, [2.5, 97.5])
     return f"{'at least ' if None in reached else ''}{steps.mean():,.0f} [95% CI {low:,.0f} to {high:,.0f}]"
+
+
+def score_interval(scores: list[float]) -> str:
+    """The mean of the seeds' scores with a 95% t-interval over the seeds (a failed run counts as nan)."""
+    from scipy import stats
+
+    values = np.array(scores, float)
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    return f"mean {values.mean():.3f} [95% CI {values.mean() - half:.3f} to {values.mean() + half:.3f}]"
 
 
 def train_teacher(out: Path) -> dict:
